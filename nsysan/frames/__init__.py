@@ -1,0 +1,1 @@
+"""Canonical frames: schemas, the Trace container and the interval kernel."""

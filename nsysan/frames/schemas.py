@@ -1,0 +1,396 @@
+"""Schemas of every canonical frame and output table: the single source of truth.
+
+Conventions (DESIGN.md "Explicit schemas and units"): time is Int64 nanoseconds in ``*_ns``
+columns on the session timeline, intervals are half-open ``[start_ns, end_ns)``, fractions are
+``*_frac`` in [0, 1], and every frame starts with ``trace_id``.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+I64 = pl.Int64
+I32 = pl.Int32
+F64 = pl.Float64
+STR = pl.String
+BOOL = pl.Boolean
+
+# ---------------------------------------------------------------------------------------------
+# Vocabularies
+# ---------------------------------------------------------------------------------------------
+GPU_OP_KINDS = ("kernel", "memcpy", "memset")
+OP_CLASSES = (
+    "compute",
+    "nccl",
+    "memcpy_h2d",
+    "memcpy_d2h",
+    "memcpy_d2d",
+    "memcpy_p2p",
+    "memset",
+)
+#: short names used in overlap states, in their canonical (sorted) order
+OVERLAP_CLASS_OF_OP_CLASS = {
+    "compute": "compute",
+    "nccl": "nccl",
+    "memcpy_h2d": "h2d",
+    "memcpy_d2h": "d2h",
+    "memcpy_d2d": "d2d",
+    "memcpy_p2p": "p2p",
+    "memset": "memset",
+}
+API_CLASSES = ("launch", "memcpy", "memset", "sync", "malloc", "graph", "other")
+NVTX_STYLES = ("push_pop", "start_end", "mark")
+
+# ---------------------------------------------------------------------------------------------
+# Canonical frames (the load contract)
+# ---------------------------------------------------------------------------------------------
+GPU_OPS = pl.Schema(
+    {
+        "trace_id": STR,
+        "kind": STR,  # kernel | memcpy | memset
+        "start_ns": I64,
+        "end_ns": I64,
+        "global_pid": I64,
+        "pid": I64,
+        "device_id": I64,
+        "context_id": I64,
+        "stream_id": I64,
+        "correlation_id": I64,
+        "name": STR,  # kernel short name, or the copy kind / "memset"
+        "demangled_name": STR,  # kernels: full demangled signature; else same as name
+        "copy_kind": STR,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
+        "src_kind": STR,  # pageable | pinned | device | managed | ... (memcpy only)
+        "dst_kind": STR,  # memcpy: destination memory kind; memset: the memory kind set
+        "bytes": I64,
+        "graph_node_id": I64,
+        "grid_x": I64,
+        "grid_y": I64,
+        "grid_z": I64,
+        "block_x": I64,
+        "block_y": I64,
+        "block_z": I64,
+        "op_class": STR,  # one of OP_CLASSES
+    }
+)
+
+CUDA_API = pl.Schema(
+    {
+        "trace_id": STR,
+        "start_ns": I64,
+        "end_ns": I64,
+        "global_tid": I64,
+        "global_pid": I64,
+        "pid": I64,
+        "tid": I64,
+        "correlation_id": I64,
+        "name": STR,  # version suffix (_v7000) stripped
+        "api_class": STR,  # one of API_CLASSES
+        "layer": STR,  # runtime | driver
+        "return_value": I64,
+    }
+)
+
+NVTX = pl.Schema(
+    {
+        "trace_id": STR,
+        "range_id": I64,  # stable and unique in the trace (row order of the export)
+        "start_ns": I64,
+        "end_ns": I64,  # marks: end_ns == start_ns
+        "global_tid": I64,
+        "global_pid": I64,
+        "pid": I64,
+        "tid": I64,
+        "end_global_tid": I64,  # null unless a start/end range ended on another thread
+        "domain": STR,  # "" for the default domain
+        "name": STR,
+        "category": I64,
+        "style": STR,  # push_pop | start_end | mark
+        "depth": I32,  # 0 = outermost on its thread (same-thread ranges only)
+        "parent_range_id": I64,
+        "unterminated": BOOL,  # end_ns == session end: the range was probably never closed
+        "payload_json": STR,  # JSON payload when the export has one (e.g. NCCL sizes)
+    }
+)
+
+OSRT = pl.Schema(
+    {
+        "trace_id": STR,
+        "start_ns": I64,
+        "end_ns": I64,
+        "global_tid": I64,
+        "pid": I64,
+        "tid": I64,
+        "name": STR,
+    }
+)
+
+SYNC = pl.Schema(
+    {
+        "trace_id": STR,
+        "start_ns": I64,
+        "end_ns": I64,
+        "global_pid": I64,
+        "pid": I64,
+        "device_id": I64,
+        "context_id": I64,
+        "stream_id": I64,
+        "correlation_id": I64,
+        "sync_type": STR,  # event_sync | stream_wait_event | stream_sync | context_sync | unknown
+    }
+)
+
+OVERHEAD = pl.Schema(
+    {
+        "trace_id": STR,
+        "start_ns": I64,
+        "end_ns": I64,
+        "global_tid": I64,
+        "pid": I64,
+        "name": STR,
+    }
+)
+
+GPUS = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "name": STR,
+        "uuid": STR,
+        "bus_location": STR,
+        "sm_count": I64,
+        "compute_capability": STR,  # "8.0"
+        "total_memory_bytes": I64,
+        "memory_bandwidth_bps": I64,
+        "clock_rate_hz": I64,
+    }
+)
+
+STREAMS = pl.Schema(
+    {
+        "trace_id": STR,
+        "pid": I64,
+        "context_id": I64,
+        "stream_id": I64,
+        "priority": I64,
+        "stream_type": STR,  # default | non_blocking | null | unknown
+    }
+)
+
+PROCESSES = pl.Schema(
+    {
+        "trace_id": STR,
+        "global_pid": I64,
+        "pid": I64,
+        "name": STR,
+    }
+)
+
+THREADS = pl.Schema(
+    {
+        "trace_id": STR,
+        "global_tid": I64,
+        "pid": I64,
+        "tid": I64,
+        "name": STR,
+    }
+)
+
+META = pl.Schema({"trace_id": STR, "key": STR, "value": STR})
+
+CANONICAL: dict[str, pl.Schema] = {
+    "gpu_ops": GPU_OPS,
+    "cuda_api": CUDA_API,
+    "nvtx": NVTX,
+    "osrt": OSRT,
+    "sync": SYNC,
+    "overhead": OVERHEAD,
+    "gpus": GPUS,
+    "streams": STREAMS,
+    "processes": PROCESSES,
+    "threads": THREADS,
+    "meta": META,
+}
+
+
+def empty(schema: pl.Schema) -> pl.DataFrame:
+    """An empty frame with exactly ``schema``."""
+    return pl.DataFrame(schema=schema)
+
+
+def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
+    """Select and cast ``df`` to ``schema`` (columns missing from ``df`` become nulls).
+
+    Used at every edge where a frame is produced, so that a frame always has its declared
+    column order and dtypes whatever the source.
+    """
+    have = set(df.collect_schema().names())
+    exprs = [
+        (pl.col(name) if name in have else pl.lit(None)).cast(dtype).alias(name)
+        for name, dtype in schema.items()
+    ]
+    return df.select(exprs)
+
+# ---------------------------------------------------------------------------------------------
+# Output tables of the core passes
+# ---------------------------------------------------------------------------------------------
+GAP_CAUSES = (
+    "sync_api",  # host blocked in a synchronisation API (cudaDeviceSynchronize, event sync, ...)
+    "sync_copy",  # synchronous or pageable memcpy/memset on the host
+    "launch_bound",  # launch calls in flight: the host could not feed the GPU fast enough
+    "osrt_wait",  # OS-runtime waits (poll, futex, read, ...) on the launching threads
+    "nvtx_range",  # an application NVTX range on the launching threads (e.g. data loading)
+    "profiler_overhead",  # profiler flush / overhead records
+    "no_cuda_activity",  # nothing CUDA-related on the host: host-side work, Python, I/O
+)
+
+GAPS = pl.Schema(
+    {
+        "trace_id": STR,
+        "scope": STR,  # device | stream | process_device
+        "pid": I64,  # null for scope=device
+        "device_id": I64,
+        "stream_id": I64,  # null unless scope=stream
+        "start_ns": I64,
+        "end_ns": I64,
+        "duration_ns": I64,
+        "cause": STR,  # one of GAP_CAUSES: the one explaining the largest share
+        "cause_frac": F64,  # share of the gap the main cause explains
+        "cause_detail": STR,  # evidence: names of the APIs / ranges, how much each covers
+        "sync_api_ns": I64,
+        "sync_copy_ns": I64,
+        "launch_ns": I64,
+        "osrt_ns": I64,
+        "nvtx_ns": I64,
+        "overhead_ns": I64,
+        "step": I64,  # step containing the gap start, when steps are known
+    }
+)
+
+GAP_SUMMARY = pl.Schema(
+    {
+        "trace_id": STR,
+        "scope": STR,
+        "device_id": I64,
+        "span_ns": I64,
+        "busy_ns": I64,
+        "idle_ns": I64,
+        "idle_frac": F64,
+        "n_gaps": I64,
+        "gaps_ns": I64,  # total duration of gaps >= threshold
+        "n_gaps_1_10ms": I64,
+        "n_gaps_10_100ms": I64,
+        "n_gaps_ge_100ms": I64,
+        "recurs_with_steps": BOOL,  # null when steps are unknown
+        "steps_with_gap_frac": F64,
+    }
+)
+
+OVERLAP = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "step": I64,  # null for the whole trace
+        "state": STR,  # "+"-joined sorted class names, or "idle"
+        "duration_ns": I64,
+    }
+)
+
+OVERLAP_SUMMARY = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "span_ns": I64,
+        "busy_ns": I64,
+        "idle_ns": I64,
+        "compute_ns": I64,  # union of compute
+        "nccl_ns": I64,  # union of nccl
+        "nccl_only_ns": I64,  # state exactly "nccl"
+        "exposed_nccl_ns": I64,  # nccl active, compute not
+        "hidden_nccl_frac": F64,
+        "h2d_ns": I64,
+        "h2d_unoverlapped_ns": I64,  # h2d active, compute not
+        "max_stream_concurrency": I64,
+        "mean_stream_concurrency": F64,  # time-weighted over busy time
+    }
+)
+
+ATTRIBUTION = pl.Schema(
+    {
+        "trace_id": STR,
+        "range_id": I64,
+        "pid": I64,
+        "tid": I64,
+        "domain": STR,
+        "name": STR,
+        "depth": I32,
+        "parent_range_id": I64,
+        "cpu_start_ns": I64,
+        "cpu_end_ns": I64,
+        "proj_start_ns": I64,
+        "proj_end_ns": I64,
+        "n_gpu_ops": I64,
+        "gpu_busy_ns": I64,
+        "exclusive_gpu_ns": I64,
+    }
+)
+
+LAYERS = pl.Schema(
+    {
+        "trace_id": STR,
+        "domain": STR,
+        "name": STR,
+        "instances": I64,
+        "n_gpu_ops": I64,
+        "gpu_busy_ns": I64,
+        "exclusive_gpu_ns": I64,
+        "exclusive_frac": F64,  # share of all GPU busy time
+    }
+)
+
+KERNELS = pl.Schema(
+    {
+        "trace_id": STR,
+        "demangled_name": STR,
+        "short_name": STR,
+        "op_class": STR,
+        "count": I64,
+        "total_ns": I64,
+        "mean_ns": F64,
+        "median_ns": F64,
+        "min_ns": I64,
+        "max_ns": I64,
+        "gpu_time_frac": F64,
+        "tensor_core": BOOL,  # null when the name taxonomy does not know
+        "tensor_core_rule": STR,  # which taxonomy rule matched
+        "api_mean_ns": F64,  # mean duration of the launching API call
+        "queue_mean_ns": F64,  # mean delay launch-call start -> kernel start
+        "queue_max_ns": I64,
+    }
+)
+
+STEPS = pl.Schema(
+    {
+        "trace_id": STR,
+        "step": I64,
+        "start_ns": I64,
+        "end_ns": I64,
+        "duration_ns": I64,
+        "source": STR,  # nvtx:<range name pattern> | periodicity
+        "warmup": BOOL,
+        "gpu_busy_frac": F64,
+        "idle_ns": I64,
+        "exposed_nccl_ns": I64,
+        "h2d_unoverlapped_ns": I64,
+    }
+)
+
+OUTPUTS: dict[str, pl.Schema] = {
+    "gaps": GAPS,
+    "gap_summary": GAP_SUMMARY,
+    "overlap": OVERLAP,
+    "overlap_summary": OVERLAP_SUMMARY,
+    "attribution": ATTRIBUTION,
+    "layers": LAYERS,
+    "kernels": KERNELS,
+    "steps": STEPS,
+}

@@ -1,0 +1,146 @@
+"""`Trace`: the canonical frames of one profile, loaded on first use, plus `TraceMeta`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from nsysan.frames import schemas
+
+
+@dataclass
+class TraceMeta:
+    """What is known about a profile before any frame is read."""
+
+    trace_id: str
+    path: Path  # what the user passed (report, .sqlite or parquetdir)
+    source_path: Path  # what frames are read from (.sqlite or parquetdir)
+    source_format: str  # sqlite | parquetdir
+    exporter_version: str | None = None  # nsys that wrote the export, e.g. 2022.4.2.1
+    schema_version: str | None = None  # export schema, e.g. 3.0.0
+    recorded_version: str | None = None  # nsys that recorded the report, when known
+    session_start_utc_ns: int | None = None
+    duration_ns: int | None = None
+    tables: dict[str, int] = field(default_factory=dict)  # raw table -> row count
+    capture: dict[str, list[str]] = field(default_factory=dict)  # capture settings (multimap)
+    missing: dict[str, str] = field(default_factory=dict)  # canonical frame -> why it is empty
+    notes: list[str] = field(default_factory=list)  # other caveats found while loading
+
+
+FrameLoader = Callable[[str], pl.DataFrame]
+
+
+class Trace:
+    """Canonical frames of one profile.
+
+    Frames are read from the source on first access and cached, so an analysis that needs only
+    ``gpu_ops`` never pays for NVTX. Every frame has exactly its schema from `schemas.CANONICAL`.
+    """
+
+    def __init__(self, meta: TraceMeta, loader: FrameLoader):
+        self.meta = meta
+        self._loader = loader
+        self._frames: dict[str, pl.DataFrame] = {}
+
+    def __repr__(self) -> str:
+        return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
+
+    @property
+    def trace_id(self) -> str:
+        return self.meta.trace_id
+
+    def frame(self, name: str) -> pl.DataFrame:
+        if name not in schemas.CANONICAL:
+            raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
+        if name not in self._frames:
+            self._frames[name] = self._loader(name)
+        return self._frames[name]
+
+    def lazy(self, name: str) -> pl.LazyFrame:
+        return self.frame(name).lazy()
+
+    def load_all(self) -> Trace:
+        for name in schemas.CANONICAL:
+            self.frame(name)
+        return self
+
+    def has(self, name: str) -> bool:
+        """True when the frame was captured (it may still be empty if nothing happened)."""
+        return name not in self.meta.missing
+
+    # Convenience accessors for notebooks.
+    @property
+    def gpu_ops(self) -> pl.DataFrame:
+        return self.frame("gpu_ops")
+
+    @property
+    def cuda_api(self) -> pl.DataFrame:
+        return self.frame("cuda_api")
+
+    @property
+    def nvtx(self) -> pl.DataFrame:
+        return self.frame("nvtx")
+
+    @property
+    def osrt(self) -> pl.DataFrame:
+        return self.frame("osrt")
+
+    @property
+    def sync(self) -> pl.DataFrame:
+        return self.frame("sync")
+
+    @property
+    def overhead(self) -> pl.DataFrame:
+        return self.frame("overhead")
+
+    @property
+    def gpus(self) -> pl.DataFrame:
+        return self.frame("gpus")
+
+    @property
+    def streams(self) -> pl.DataFrame:
+        return self.frame("streams")
+
+    @property
+    def processes(self) -> pl.DataFrame:
+        return self.frame("processes")
+
+    @property
+    def threads(self) -> pl.DataFrame:
+        return self.frame("threads")
+
+    @property
+    def meta_frame(self) -> pl.DataFrame:
+        return self.frame("meta")
+
+    @classmethod
+    def from_frames(
+        cls, trace_id: str, frames: dict[str, pl.DataFrame], **meta_fields
+    ) -> Trace:
+        """Build a trace from in-memory frames (tests, notebooks). Absent frames are empty and
+        recorded as not captured; present frames are conformed to their schema."""
+        conformed: dict[str, pl.DataFrame] = {}
+        missing: dict[str, str] = {}
+        for name, schema in schemas.CANONICAL.items():
+            if name in frames:
+                df = frames[name]
+                if "trace_id" not in df.columns:
+                    df = df.with_columns(pl.lit(trace_id).alias("trace_id"))
+                conformed[name] = schemas.conform(df, schema)
+            else:
+                conformed[name] = schemas.empty(schema)
+                if name != "meta":
+                    missing[name] = "not provided"
+        path = meta_fields.pop("path", Path(trace_id))
+        meta = TraceMeta(
+            trace_id=trace_id,
+            path=path,
+            source_path=meta_fields.pop("source_path", path),
+            source_format=meta_fields.pop("source_format", "memory"),
+            missing=missing,
+            **meta_fields,
+        )
+        return cls(meta, conformed.__getitem__)

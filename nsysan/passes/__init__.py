@@ -1,0 +1,1 @@
+"""Analysis passes: one module per pass, registered in `nsysan.passes.registry`."""
