@@ -1,0 +1,168 @@
+"""NVTX_EVENTS -> the canonical ``nvtx`` frame: ranges and marks, named, with their nesting.
+
+Rules (nsys facts from ../research/nsys-sqlite-schema.md §6, choices marked as such):
+
+- rows: eventType 59 push/pop and 70 NVTXT push/pop -> ``push_pop``; 60 start/end and 71 NVTXT
+  start/end -> ``start_end``; 34 mark -> ``mark`` with ``end_ns = start_ns``. Everything else
+  (domain and category definitions, thread names) is not an event.
+- ``name`` = ``text``, else StringIds via ``textId`` (Python's nvtx package registers every
+  message, so its ranges carry only ``textId``; both forms mix within one file).
+- ``domain``: the text of the eventType 75 (domain create) row with the same ``domainId`` **and
+  the same process** (domain ids are per process); ``""`` for domain 0; null when the create
+  row was not captured (e.g. an export trimmed by its author).
+- ``range_id``: ``eventId`` when the export has it (schema 3.28+), else the row's position in
+  NVTX_EVENTS counted from 1, which is the SQLite ``rowid`` and what nsys's own ``nvtxgpuproj``
+  report calls RangeId; the same in a parquetdir export of the same report.
+- a NULL ``end`` (an unterminated range in some exports) becomes the session end
+  (``ANALYSIS_DETAILS.duration``); ``unterminated`` is true when the end was NULL or equals the
+  session end, which is where nsys 2022.4/2023.4 put ranges that were never closed.
+- nesting (choice): only ranges that start and end on one thread take part (``end_global_tid``
+  null; marks do not take part, their depth and parent are null). On each thread, ranges are
+  ordered by (start, longer first, range_id); a range's parent is the closest earlier range
+  that contains it (``parent.end >= child.end``), i.e. the enclosing range with the latest start.
+  For push/pop ranges this is exactly the push/pop stack; ranges of all domains nest together,
+  as in nsys's own reports. Two identical intervals nest by range_id (the earlier is the parent).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nsysan.frames import schemas
+from nsysan.load.adapters import Adapter, global_pid_of, pid_of, tid_of
+
+NVTX_TABLE = "NVTX_EVENTS"
+STYLE_OF_EVENT_TYPE = {59: "push_pop", 70: "push_pop", 60: "start_end", 71: "start_end", 34: "mark"}
+RANGE_TYPES = (59, 60, 70, 71)
+MARK_TYPE = 34
+DOMAIN_CREATE = 75
+
+
+def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
+    if not adapter.has(NVTX_TABLE):
+        return None
+    raw = adapter.read(
+        NVTX_TABLE,
+        ["start", "end", "eventType", "globalTid"],
+        {
+            "text": pl.String(),
+            "textId": pl.Int64(),
+            "endGlobalTid": pl.Int64(),
+            "domainId": pl.Int64(),
+            "category": pl.Int64(),
+            "jsonText": pl.String(),
+            "jsonTextId": pl.Int64(),
+            "eventId": pl.Int64(),
+        },
+    )
+    raw = raw.with_row_index("row", offset=1).with_columns(
+        range_id=pl.coalesce(pl.col("eventId"), pl.col("row").cast(pl.Int64)),
+        pid=pid_of("globalTid"),
+    )
+
+    domains = adapter.resolve(
+        raw.filter(pl.col("eventType") == DOMAIN_CREATE).select(
+            "pid", "domainId", "text", "textId"
+        ),
+        "textId",
+        "domain_text",
+    ).select(
+        "pid",
+        "domainId",
+        pl.coalesce("text", "domain_text").alias("domain"),
+    )
+    # a domain can be created more than once in a process; the first name wins
+    domains = domains.unique(["pid", "domainId"], keep="first", maintain_order=True)
+
+    styles = pl.DataFrame(
+        {"eventType": list(STYLE_OF_EVENT_TYPE), "style": list(STYLE_OF_EVENT_TYPE.values())},
+        schema={"eventType": pl.Int64, "style": pl.String},
+    )
+    ev = raw.join(styles, on="eventType", how="inner", maintain_order="left")
+    ev = adapter.resolve(ev, "textId", "text_value")
+    ev = adapter.resolve(ev, "jsonTextId", "json_value")
+    ev = ev.join(domains, on=["pid", "domainId"], how="left", maintain_order="left")
+
+    duration = adapter.duration_ns
+    if duration is None:
+        # no ANALYSIS_DETAILS (2020.x exports): the last NVTX timestamp is the best session end
+        last = raw.select(pl.max_horizontal(pl.col("start").max(), pl.col("end").max())).item()
+        duration = int(last) if last is not None else 0
+    is_mark = pl.col("style") == "mark"
+    ev = ev.select(
+        "range_id",
+        start_ns="start",
+        end_ns=pl.when(is_mark)
+        .then(pl.col("start"))
+        .otherwise(pl.col("end").fill_null(pl.lit(duration, dtype=pl.Int64))),
+        global_tid="globalTid",
+        global_pid=global_pid_of("globalTid"),
+        pid="pid",
+        tid=tid_of("globalTid"),
+        end_global_tid="endGlobalTid",
+        domain=pl.when(pl.col("domainId").fill_null(0) == 0)
+        .then(pl.lit(""))
+        .otherwise(pl.col("domain")),
+        name=pl.coalesce("text", "text_value"),
+        category="category",
+        style="style",
+        unterminated=~is_mark & (pl.col("end").is_null() | (pl.col("end") == duration)),
+        payload_json=pl.coalesce("jsonText", "json_value"),
+    )
+    unnamed = ev.filter(pl.col("domain").is_null()).height
+    if unnamed:
+        adapter.note(
+            f"{unnamed} NVTX events are in domains whose name was not captured (no domain-create "
+            f"event); their domain is null"
+        )
+    nesting = nest_ranges(
+        ev.filter((pl.col("style") != "mark") & pl.col("end_global_tid").is_null())
+    )
+    ev = ev.join(nesting, on="range_id", how="left", maintain_order="left")
+    ev = ev.sort("start_ns", "range_id")
+    return adapter.finish(ev, schemas.NVTX)
+
+
+def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
+    """``depth`` and ``parent_range_id`` of same-thread ranges (rule in the module docstring).
+
+    Needs ``range_id``, ``global_tid``, ``start_ns``, ``end_ns``. Vectorised level by level:
+    in each group (a thread, then the subtree of one range) the rows that no earlier row of the
+    group contains are the group's top level. With rows in (start, end desc, range_id) order,
+    "no earlier row contains me" is ``end > max(end of the earlier rows)``. Those rows get the
+    group owner as parent; every other row moves into the group of the last top row before it,
+    which contains it. One iteration per nesting level, each over the rows still unplaced.
+    """
+    work = ranges.select(
+        pl.col("range_id").cast(pl.Int64),
+        pl.col("global_tid").cast(pl.Int64).alias("group"),
+        pl.col("start_ns").cast(pl.Int64),
+        pl.col("end_ns").cast(pl.Int64),
+        pl.lit(None, dtype=pl.Int64).alias("owner"),
+    ).sort(["group", "start_ns", "end_ns", "range_id"], descending=[False, False, True, False])
+    placed: list[pl.DataFrame] = []
+    depth = 0
+    while work.height:
+        before = pl.col("end_ns").cum_max().shift(1).over("group")
+        work = work.with_columns(top=before.is_null() | (pl.col("end_ns") > before))
+        placed.append(
+            work.filter("top").select(
+                "range_id",
+                pl.lit(depth, dtype=pl.Int32).alias("depth"),
+                pl.col("owner").alias("parent_range_id"),
+            )
+        )
+        work = (
+            work.with_columns(
+                owner=pl.when("top").then(pl.col("range_id")).forward_fill().over("group")
+            )
+            .filter(~pl.col("top"))
+            .with_columns(group=pl.col("owner"))
+            .drop("top")
+        )
+        depth += 1
+    if not placed:
+        return pl.DataFrame(
+            schema={"range_id": pl.Int64, "depth": pl.Int32, "parent_range_id": pl.Int64}
+        )
+    return pl.concat(placed)

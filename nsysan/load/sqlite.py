@@ -1,0 +1,290 @@
+"""`SqliteSource`: raw nsys tables from a SQLite export, read-only, into polars.
+
+Reading strategy (measured in ``bench/RESULTS.md``, "Loading"): the stdlib ``sqlite3`` module,
+``fetchmany`` in chunks, one typed ``pl.Series`` per column. connectorx and ADBC read 3-5x faster
+but are not robust on nsys exports: SQLite is dynamically typed and both infer or trust a column
+type that real files break (ADBC fixes a column's type from the first batch, so an NVTX ``text``
+column that starts with NULLs fails; connectorx rejects a value that does not match the declared
+type, and neither takes SQLite URI options such as ``mode=ro``). Here the dtype comes from the
+declared column type and a value that does not fit becomes null instead of an error.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import threading
+import urllib.parse
+from pathlib import Path
+
+import polars as pl
+
+from nsysan.errors import SchemaError, TraceFormatError
+
+FORMAT = "sqlite"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+HEADER_SIZE = 100
+#: rows fetched per round trip: bounds the Python objects alive at once on huge tables
+CHUNK_ROWS = 1 << 16
+#: every nsys export has StringIds plus at least one of these (2020.3 exports lack the metadata
+#: tables, lazy exports lack most activity tables, so any one of them is enough)
+NSYS_MARKER_TABLES = (
+    "ANALYSIS_DETAILS",
+    "EXPORT_META_DATA",
+    "META_DATA_EXPORT",
+    "TARGET_INFO_SESSION_START_TIME",
+    "TARGET_INFO_GPU",
+    "TARGET_INFO_CUDA_STREAM",
+    "ThreadNames",
+    "PROCESSES",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "OSRT_API",
+)
+
+
+def read_header(path: Path, n: int = HEADER_SIZE) -> bytes:
+    """The first ``n`` bytes of ``path``; any way the file cannot be read is a TraceFormatError."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: is a directory, not a SQLite export") from None
+    except PermissionError:
+        raise TraceFormatError(
+            f"{path}: permission denied; make the file readable (chmod +r) or copy it"
+        ) from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def check_sqlite_header(path: Path, header: bytes) -> None:
+    """Reject empty, foreign and truncated files before SQLite sees them.
+
+    SQLite itself accepts a truncated file and only fails (or silently returns fewer rows) when a
+    query reaches the missing pages, so the size promised by the header is checked up front.
+    """
+    if not header:
+        raise TraceFormatError(f"{path}: file is empty; re-export the report with `nsys export`")
+    if not header.startswith(SQLITE_MAGIC):
+        raise TraceFormatError(
+            f"{path}: not a SQLite database (unrecognised header); pass an nsys SQLite export, "
+            f"a .nsys-rep/.qdrep report or a parquetdir export"
+        )
+    if len(header) < HEADER_SIZE:
+        raise TraceFormatError(f"{path}: truncated SQLite file (shorter than its header)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    n_pages = int.from_bytes(header[28:32], "big")
+    # the in-header page count is valid only when the change counter matches "version valid for"
+    counts_valid = header[24:28] == header[92:96] and n_pages > 0
+    size = path.stat().st_size
+    if counts_valid and size < page_size * n_pages:
+        raise TraceFormatError(
+            f"{path}: truncated SQLite file ({size} bytes, header says {page_size * n_pages}); "
+            f"copy or re-export it"
+        )
+
+
+def _file_uri(path: Path, immutable: bool) -> str:
+    # percent-encode so that '?', '#', '%' and spaces in file names are not read as URI syntax
+    quoted = urllib.parse.quote(str(path.resolve()))
+    return f"file:{quoted}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _read_only_file(path: Path) -> bool:
+    """True when the file is marked read-only (for root too, who ignores the permission bits).
+    Such a file cannot change under us, so SQLite may skip locking (``immutable=1``)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    write_bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    return not (os.access(path, os.W_OK) and st.st_mode & write_bits)
+
+
+def _dtype(declared: str) -> pl.DataType | None:
+    """polars dtype for a declared SQLite column type, by SQLite's own affinity rules."""
+    t = declared.upper()
+    if "INT" in t:
+        return pl.Int64()
+    if "CHAR" in t or "CLOB" in t or "TEXT" in t:
+        return pl.String()
+    if "REAL" in t or "FLOA" in t or "DOUB" in t:
+        return pl.Float64()
+    return None  # BLOB / untyped: let polars infer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class SqliteSource:
+    """`TableSource` over an nsys SQLite export, opened read-only.
+
+    Construction validates the file (header, size, that it is an nsys export). The connection
+    stays open for the lazy frame loads of a `Trace`; `close` (or garbage collection) ends it.
+    """
+
+    format: str = FORMAT
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        check_sqlite_header(self.path, read_header(self.path))
+        self._lock = threading.Lock()
+        try:
+            self._con = sqlite3.connect(
+                _file_uri(self.path, _read_only_file(self.path)),
+                uri=True,
+                check_same_thread=False,  # frames may be loaded from a worker thread; see _lock
+            )
+            names = [
+                r[0]
+                for r in self._con.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+                )
+            ]
+        except sqlite3.DatabaseError as exc:
+            raise TraceFormatError(
+                f"{self.path}: corrupt SQLite file ({_first_line(exc)}); re-export the report"
+            ) from None
+        self._names = names
+        if "StringIds" not in names or not any(t in names for t in NSYS_MARKER_TABLES):
+            self._con.close()
+            raise TraceFormatError(
+                f"{self.path} is a SQLite database but not an Nsight Systems export: no "
+                f"StringIds / no nsys tables; pass the .sqlite written by `nsys export`"
+            )
+        self._columns: dict[str, list[tuple[str, str]]] = {}
+        self._counts: dict[str, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"SqliteSource({str(self.path)!r})"
+
+    def __enter__(self) -> SqliteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _execute(self, sql: str) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._con.execute(sql).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise TraceFormatError(
+                    f"{self.path}: corrupt SQLite file ({_first_line(exc)}); re-export the report"
+                ) from None
+
+    def tables(self) -> dict[str, int]:
+        """Every table present, with its row count (counted once, then cached)."""
+        if self._counts is None:
+            if not self._names:
+                self._counts = {}
+            else:
+                sql = " UNION ALL ".join(
+                    f"SELECT {i}, count(*) FROM {_quote(t)}" for i, t in enumerate(self._names)
+                )
+                counts = dict(self._execute(sql))
+                self._counts = {t: int(counts[i]) for i, t in enumerate(self._names)}
+        return dict(self._counts)
+
+    def _declared(self, table: str) -> list[tuple[str, str]]:
+        if table not in self._columns:
+            if table not in self._names:
+                return []
+            rows = self._execute(f"PRAGMA table_info({_quote(table)})")
+            self._columns[table] = [(r[1], r[2] or "") for r in rows]
+        return self._columns[table]
+
+    def columns(self, table: str) -> list[str]:
+        """Column names of ``table`` in export order; empty when the table is absent."""
+        return [name for name, _ in self._declared(table)]
+
+    def read(self, table: str, columns: list[str]) -> pl.DataFrame:
+        """The given columns of ``table`` in row (rowid) order, dtypes from the declared types:
+        INTEGER -> Int64, TEXT -> String, REAL -> Float64. A stored value that does not fit its
+        declared type (SQLite allows that) becomes null rather than failing the whole read."""
+        declared = dict(self._declared(table))
+        if not declared:
+            raise SchemaError(
+                f"table {table} not found in {self.path}; was it captured, and exported without "
+                f"--tables?"
+            )
+        unknown = [c for c in columns if c not in declared]
+        if unknown:
+            raise SchemaError(
+                f"table {table} in {self.path} has no column {', '.join(unknown)}; it has: "
+                f"{', '.join(declared)}"
+            )
+        dtypes = {c: _dtype(declared[c]) for c in columns}
+        if not columns:
+            return pl.DataFrame()
+        sql = f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(table)}"
+        with self._lock:
+            try:
+                chunks = self._fetch(sql, columns, dtypes)
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc):
+                    raise self._corrupt(table, exc) from None
+                # Some text is not valid UTF-8 (seen in TARGET_INFO_SYSTEM_ENV): read it again
+                # with replacement characters. Only then, because a Python text factory is slow.
+                self._con.text_factory = _decode_replacing
+                try:
+                    chunks = self._fetch(sql, columns, dtypes)
+                except sqlite3.DatabaseError as exc2:
+                    raise self._corrupt(table, exc2) from None
+                finally:
+                    self._con.text_factory = str
+            except sqlite3.DatabaseError as exc:
+                raise self._corrupt(table, exc) from None
+        if not chunks:
+            return _to_frame([], columns, dtypes)
+        return chunks[0] if len(chunks) == 1 else pl.concat(chunks, how="vertical_relaxed")
+
+    def _fetch(
+        self, sql: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> list[pl.DataFrame]:
+        cur = self._con.execute(sql)
+        chunks = []
+        while rows := cur.fetchmany(CHUNK_ROWS):
+            chunks.append(_to_frame(rows, columns, dtypes))
+        return chunks
+
+    def _corrupt(self, table: str, exc: BaseException) -> TraceFormatError:
+        return TraceFormatError(
+            f"{self.path}: corrupt SQLite file while reading {table} ({_first_line(exc)}); "
+            f"re-export the report"
+        )
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _decode_replacing(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _to_frame(
+    rows: list[tuple], columns: list[str], dtypes: dict[str, pl.DataType | None]
+) -> pl.DataFrame:
+    # One list comprehension per column beats both row-oriented construction and zip(*rows)
+    # (measured: 2-4x on kernel and callchain tables).
+    series = []
+    for i, name in enumerate(columns):
+        values = [r[i] for r in rows]
+        dtype = dtypes[name]
+        if dtype is None:
+            series.append(pl.Series(name, values, strict=False))
+        else:
+            series.append(pl.Series(name, values, dtype=dtype, strict=False))
+    return pl.DataFrame(series)
