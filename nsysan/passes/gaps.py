@@ -1,0 +1,552 @@
+"""gaps: idle time of the GPU, each gap with the host-side activity that explains it.
+
+**Busy time and gaps.** GPU ops with ``start_ns > 0`` (nsys writes 0 for records it could not
+time) are busy time. Per scope:
+
+- ``device``: a device is busy when any op of any stream or process runs on it; gaps are the
+  complement of the union inside ``[first op start, last op end]``. Gaps >= `min_gap_ns`.
+- ``stream``: the same per ``(pid, device, stream)``. Gaps >= `min_gap_ns`.
+- ``process_device``: per ``(pid, device)``; busy also includes the process's profiler-overhead
+  rows named exactly ``CUDA profiling data flush overhead``, ``CUDA profiling stop overhead`` or
+  ``CUDA profiling overhead`` that lie strictly inside the (pid, device) span. Gaps
+  *strictly longer* than `min_gap_ns`. This is the definition of ``nsys analyze -r gpu-starv``
+  and its rows equal that rule's (Duration, Start, PID, Device ID) row for row. (One
+  difference by design: nsys's sorted-starts/sorted-ends query lets a zero-length op split a
+  gap; here zero-length ops cover nothing. No shared trace has one.)
+
+**Causes.** The evidence of a gap is the host activity overlapping it, on the processes that
+use the gap's device (``device``: every process with an op on it; other scopes: the gap's
+process) and, for OS-runtime calls and NVTX ranges, on the *launching threads* (threads whose
+CUDA API calls produced ops on that device / (pid, device) / stream). Per category, ``*_ns`` is
+the union of its intervals clipped to the gap:
+
+- ``sync_api_ns``: CUDA API calls of class ``sync`` and CUPTI synchronization records, except
+  stream-wait-event ones (``cudaStreamWaitEvent`` orders GPU work and never blocks the host);
+- ``sync_copy_ns``: memcpy / memset API calls whose name lacks ``Async``, and any API call whose
+  copy involves pageable memory (such copies are synchronous whatever the API says);
+- ``launch_ns``: launch and graph-launch API calls (the GPU idles while the host launches);
+- ``osrt_ns``: OS-runtime calls (poll, futex, read, ...) on the launching threads;
+- ``nvtx_ns``: application NVTX ranges on the launching threads that launched no GPU work
+  themselves (no API call with a GPU op starts inside them), outside library domains
+  (`nvtx_exclude_domains`) and not named like steps. Ranges that launch work (``forward``,
+  ``step 3``, ``aten::mm``) are phases of GPU work, not host-side waits, and would otherwise
+  "explain" every gap inside them;
+- ``overhead_ns``: profiler overhead rows of the processes.
+
+``cause`` is the category with the largest coverage (ties: the order of `schemas.GAP_CAUSES`)
+and ``cause_frac`` its share of the gap. When no category covers at least `min_cause_frac` of
+the gap, the cause is ``no_cuda_activity`` (host-side work such as Python or I/O that left no
+trace) and ``cause_frac`` is the share covered by no evidence at all. ``cause_detail`` names the
+three (name, category) pairs covering most of the gap, e.g.
+``DataLoader.__next__ (nvtx) 24.1 ms of 25.0 ms; poll (osrt) 20.2 ms``.
+
+**Summary** (``gap_summary``, per scope and device; for ``stream`` and ``process_device`` span,
+busy and idle are sums over the device's partitions): gap counts by size (1-10 ms, 10-100 ms,
+>= 100 ms). With steps known (the steps pass ran), ``steps_with_gap_frac`` is the share of
+non-warm-up steps in which a gap starts and ``recurs_with_steps`` is true when it is >= 0.5.
+Without steps, ``recurs_with_steps`` is true when at least 4 gaps start at a regular period
+(coefficient of variation of the intervals between gap starts <= 0.1), else null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from nsysan.errors import ConfigError
+from nsysan.frames import intervals as iv
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.steps import STEP_NAME_PATTERN, step_windows
+
+SCOPES = ("device", "stream", "process_device")
+SCOPE_KEYS = {
+    "device": ["device_id"],
+    "stream": ["pid", "device_id", "stream_id"],
+    "process_device": ["pid", "device_id"],
+}
+KEY_COLS = ["pid", "device_id", "stream_id"]
+#: PROFILER_OVERHEAD names that nsys's gpu-starv rule counts as GPU busy time
+STARV_OVERHEAD_NAMES = (
+    "CUDA profiling data flush overhead",
+    "CUDA profiling stop overhead",
+    "CUDA profiling overhead",
+)
+#: evidence categories: (cause in GAP_CAUSES, column in GAPS, short label in cause_detail)
+CATEGORIES = (
+    ("sync_api", "sync_api_ns", "sync_api"),
+    ("sync_copy", "sync_copy_ns", "sync_copy"),
+    ("launch_bound", "launch_ns", "launch"),
+    ("osrt_wait", "osrt_ns", "osrt"),
+    ("nvtx_range", "nvtx_ns", "nvtx"),
+    ("profiler_overhead", "overhead_ns", "overhead"),
+)
+MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class GapsParams:
+    scopes: tuple[str, ...] = ("device",)  # device | stream | process_device
+    min_gap_ns: int = 1_000_000
+    top_n: int = 10  # gaps quoted as evidence by findings (ranked after all gaps are found)
+    min_cause_frac: float = 0.1  # below this coverage by every category: no_cuda_activity
+    nvtx_exclude_domains: tuple[str, ...] = ("NCCL", "cuBLAS", "cuBLASLt", "cuDNN", "CUDA")
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.scopes if s not in SCOPES]
+        if bad or not self.scopes:
+            raise ConfigError(
+                f"gaps.scopes: unknown scope {', '.join(map(repr, bad)) or '(none)'}; "
+                f"use one or more of {', '.join(SCOPES)}"
+            )
+        if self.min_gap_ns < 0:
+            raise ConfigError(f"gaps.min_gap_ns must be >= 0, got {self.min_gap_ns}")
+        if self.top_n < 1:
+            raise ConfigError(f"gaps.top_n must be >= 1, got {self.top_n}")
+        if not 0 <= self.min_cause_frac <= 1:
+            raise ConfigError("gaps.min_cause_frac must be in [0, 1]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Busy time and gaps
+# ---------------------------------------------------------------------------------------------
+def _busy(ops: pl.LazyFrame, overhead: pl.DataFrame, scope: str) -> pl.LazyFrame:
+    """Busy intervals ``pid, device_id, stream_id, start_ns, end_ns`` of one scope."""
+    cols = [*KEY_COLS, "start_ns", "end_ns"]
+    busy = ops.select(cols)
+    if scope != "process_device" or overhead.is_empty():
+        return busy
+    span = busy.group_by("pid", "device_id").agg(
+        pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e")
+    )
+    ovh = (
+        overhead.lazy()
+        .filter(pl.col("name").is_in(STARV_OVERHEAD_NAMES))
+        .select("pid", "start_ns", "end_ns")
+        .join(span, on="pid")
+        # Replicated onto every (pid, device) span of its process, strictly inside it.
+        .filter((pl.col("start_ns") > pl.col("_s")) & (pl.col("end_ns") < pl.col("_e")))
+        .select(
+            "pid", "device_id", pl.lit(None, pl.Int64).alias("stream_id"), "start_ns", "end_ns"
+        )
+    )
+    return pl.concat([busy, ovh])
+
+
+def _scope_gaps(
+    busy: pl.LazyFrame, scope: str, min_gap_ns: int
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(gaps, per-partition span/busy) of one scope, keyed by ``pid, device_id, stream_id``."""
+    keys = SCOPE_KEYS[scope]
+    null_keys = [pl.lit(None, pl.Int64).alias(k) for k in KEY_COLS if k not in keys]
+    dur = pl.col("end_ns") - pl.col("start_ns")
+    # nsys's rule keeps gaps strictly longer than its threshold; the others keep >= threshold.
+    keep = dur > min_gap_ns if scope == "process_device" else dur >= min_gap_ns
+    gaps = (
+        iv.complement(busy, by=keys)
+        .filter(keep)
+        .with_columns(*null_keys, pl.lit(scope).alias("scope"), dur.alias("duration_ns"))
+    )
+    part = (
+        busy.filter(pl.col("end_ns") > pl.col("start_ns"))
+        .group_by(keys)
+        .agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"))
+        .join(iv.total(busy, by=keys), on=keys, how="left")
+        .with_columns(*null_keys, pl.lit(scope).alias("scope"))
+    )
+    return gaps, part
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence
+# ---------------------------------------------------------------------------------------------
+def _prune(df: pl.LazyFrame, windows: pl.LazyFrame) -> pl.LazyFrame:
+    """Rows of ``df`` overlapping any of the disjoint, sorted ``windows`` (``_ws, _we``).
+
+    For an interval [s, e), the last window starting before e is the only candidate: earlier
+    windows end before it starts. One sorted as-of search instead of a cross join.
+    """
+    return (
+        df.filter(pl.col("end_ns") > pl.col("start_ns"))
+        .with_columns((pl.col("end_ns") - 1).alias("_probe"))
+        .sort("_probe")
+        .join_asof(windows, left_on="_probe", right_on="_ws", strategy="backward")
+        .filter(pl.col("_we") > pl.col("start_ns"))
+        .drop("_probe", "_ws", "_we")
+    )
+
+
+def _evidence(
+    trace: Trace, ops: pl.LazyFrame, windows: pl.LazyFrame, params: GapsParams
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(process-level evidence keyed by pid, thread-level evidence keyed by global_tid).
+
+    Both have ``cat, label, start_ns, end_ns`` plus the key; only rows in some gap window.
+    """
+    api = _prune(
+        trace.frame("cuda_api").lazy().select(
+            "pid", "global_tid", "global_pid", "correlation_id", "name", "api_class",
+            "start_ns", "end_ns",
+        ),
+        windows,
+    )
+    pageable = (
+        ops.filter(
+            (pl.col("kind") == "memcpy")
+            & ((pl.col("src_kind") == "pageable") | (pl.col("dst_kind") == "pageable"))
+        )
+        .select("global_pid", "correlation_id", pl.lit(True).alias("_pageable"))
+        .unique()
+    )
+    api = api.join(pageable, on=["global_pid", "correlation_id"], how="left")
+    name = pl.col("name").fill_null("?")
+    api_cat = (
+        pl.when(pl.col("_pageable").fill_null(False))
+        .then(pl.lit("sync_copy"))
+        # cudaStreamWaitEvent orders GPU work and returns at once: it never blocks the host.
+        .when((pl.col("api_class") == "sync") & ~name.str.contains("WaitEvent"))
+        .then(pl.lit("sync_api"))
+        .when(pl.col("api_class").is_in(["memcpy", "memset"]) & ~name.str.contains("Async"))
+        .then(pl.lit("sync_copy"))
+        .when(pl.col("api_class").is_in(["launch", "graph"]))
+        .then(pl.lit("launch_bound"))
+    )
+    api_label = pl.when(pl.col("_pageable").fill_null(False)).then(name + " pageable").otherwise(
+        name
+    )
+    proc_cols = ["pid", "cat", "label", "start_ns", "end_ns"]
+    api_ev = api.with_columns(api_cat.alias("cat"), api_label.alias("label")).filter(
+        pl.col("cat").is_not_null()
+    )
+    # CUPTI sync records: labelled with the API that waited when it can be joined.
+    blocking = pl.col("sync_type").fill_null("") != "stream_wait_event"
+    sync = _prune(trace.frame("sync").lazy().filter(blocking), windows).join(
+        trace.frame("cuda_api").lazy().select(
+            "global_pid", "correlation_id", pl.col("name").alias("_api")
+        ),
+        on=["global_pid", "correlation_id"],
+        how="left",
+    )
+    sync_ev = sync.select(
+        "pid",
+        pl.lit("sync_api").alias("cat"),
+        pl.coalesce("_api", pl.col("sync_type").fill_null("sync")).alias("label"),
+        "start_ns",
+        "end_ns",
+    )
+    ovh_ev = _prune(trace.frame("overhead").lazy(), windows).select(
+        "pid", pl.lit("profiler_overhead").alias("cat"), pl.col("name").alias("label"),
+        "start_ns", "end_ns",
+    )
+    proc = pl.concat([api_ev.select(proc_cols), sync_ev, ovh_ev], how="vertical_relaxed")
+
+    osrt_ev = _prune(trace.frame("osrt").lazy(), windows).select(
+        "global_tid", pl.lit("osrt_wait").alias("cat"), pl.col("name").alias("label"),
+        "start_ns", "end_ns",
+    )
+    thread = pl.concat([osrt_ev, _nvtx_evidence(trace, ops, windows, params)])
+    return proc, thread
+
+
+def _nvtx_evidence(
+    trace: Trace, ops: pl.LazyFrame, windows: pl.LazyFrame, params: GapsParams
+) -> pl.LazyFrame:
+    """Host-only application NVTX ranges in gap windows (see the module doc)."""
+    excluded = [d.lower() for d in params.nvtx_exclude_domains]
+    ranges = _prune(
+        trace.frame("nvtx").lazy().filter(
+            (pl.col("style") != "mark")
+            & (
+                pl.col("end_global_tid").is_null()
+                | (pl.col("end_global_tid") == pl.col("global_tid"))
+            )
+            & ~pl.col("domain").fill_null("").str.to_lowercase().is_in(excluded)
+            & ~pl.col("name").fill_null("").str.contains(STEP_NAME_PATTERN)
+        ).select("global_tid", "name", "start_ns", "end_ns"),
+        windows,
+    )
+    # Running count of work-launching API calls per thread; a range launched work when the
+    # count before its end exceeds the count before its start.
+    calls = (
+        trace.frame("cuda_api").lazy()
+        .select("global_tid", "global_pid", "correlation_id", "start_ns")
+        .join(ops.select("global_pid", "correlation_id").unique(),
+              on=["global_pid", "correlation_id"], how="semi")
+        .sort("start_ns")
+        .with_columns(pl.int_range(1, pl.len() + 1).over("global_tid").alias("_n"))
+        .select("global_tid", pl.col("start_ns").alias("_t"), "_n")
+    )
+
+    def count_before(lf: pl.LazyFrame, col: str, alias: str) -> pl.LazyFrame:
+        return (
+            lf.with_columns((pl.col(col) - 1).alias("_probe"))
+            .sort("_probe")
+            .join_asof(calls, left_on="_probe", right_on="_t", by="global_tid",
+                       strategy="backward", check_sortedness=False)
+            .with_columns(pl.col("_n").fill_null(0).alias(alias))
+            .drop("_probe", "_t", "_n")
+        )
+
+    launched = count_before(count_before(ranges, "start_ns", "_n0"), "end_ns", "_n1")
+    return launched.filter(pl.col("_n1") == pl.col("_n0")).select(
+        "global_tid", pl.lit("nvtx_range").alias("cat"), pl.col("name").alias("label"),
+        "start_ns", "end_ns",
+    )
+
+
+def _explain(
+    gaps: pl.LazyFrame,
+    owners_pid: pl.LazyFrame,
+    owners_tid: pl.LazyFrame,
+    proc: pl.LazyFrame,
+    thread: pl.LazyFrame,
+) -> pl.LazyFrame:
+    """Clipped evidence ``gap_id, cat, label, start_ns, end_ns`` of every gap."""
+    g = gaps.select("gap_id", pl.col("start_ns").alias("_gs"), pl.col("end_ns").alias("_ge"))
+
+    def hits(ev: pl.LazyFrame, owners: pl.LazyFrame, key: str) -> pl.LazyFrame:
+        # IEJoin on time overlap (bounded by evidence x concurrent gaps), then ownership.
+        return (
+            ev.join_where(g, pl.col("start_ns") < pl.col("_ge"), pl.col("end_ns") > pl.col("_gs"))
+            .join(owners, on=["gap_id", key], how="semi")
+            .select(
+                "gap_id", "cat", "label",
+                pl.max_horizontal("start_ns", "_gs").alias("start_ns"),
+                pl.min_horizontal("end_ns", "_ge").alias("end_ns"),
+            )
+        )
+
+    return pl.concat([hits(proc, owners_pid, "pid"), hits(thread, owners_tid, "global_tid")])
+
+
+def _fmt_ms(ns: pl.Expr) -> pl.Expr:
+    ms = ns / MS
+    return pl.when(ms >= 1).then(ms.round(1)).otherwise(ms.round(3)).cast(pl.String)
+
+
+def _causes(gaps: pl.LazyFrame, clipped: pl.LazyFrame, min_cause_frac: float) -> pl.LazyFrame:
+    """Gaps with their per-category coverage, cause, cause_frac and cause_detail."""
+    cols = [col for _, col, _ in CATEGORIES]
+    cov = (
+        iv.total(clipped, by=["gap_id", "cat"], name="ns")
+        .group_by("gap_id")
+        .agg(pl.col("ns").filter(pl.col("cat") == cat).sum().alias(col)
+             for cat, col, _ in CATEGORIES)
+    )
+    any_cov = iv.total(clipped, by=["gap_id"], name="_any")
+    per_label = (
+        iv.total(clipped, by=["gap_id", "cat", "label"], name="ns")
+        .sort(["gap_id", "ns", "label"], descending=[False, True, False])
+        .group_by("gap_id", maintain_order=True)
+        .head(3)
+        .join(gaps.select("gap_id", "duration_ns"), on="gap_id")
+        .with_columns(
+            pl.col("cat").replace({c: short for c, _, short in CATEGORIES}).alias("cat"),
+            pl.int_range(pl.len()).over("gap_id").alias("_rank"),
+        )
+        .with_columns(
+            pl.when(pl.col("_rank") == 0)
+            .then(pl.format("{} ({}) {} ms of {} ms", "label", "cat", _fmt_ms(pl.col("ns")),
+                            _fmt_ms(pl.col("duration_ns"))))
+            .otherwise(pl.format("{} ({}) {} ms", "label", "cat", _fmt_ms(pl.col("ns"))))
+            .alias("_item")
+        )
+        .group_by("gap_id", maintain_order=True)
+        .agg(pl.col("_item").str.join("; ").alias("cause_detail"))
+    )
+    out = (
+        gaps.join(cov, on="gap_id", how="left")
+        .with_columns(pl.col(c).fill_null(0).cast(pl.Int64) for c in cols)
+        .join(any_cov, on="gap_id", how="left")
+        .join(per_label, on="gap_id", how="left")
+    )
+    # Largest coverage wins; the first column equal to the maximum keeps the GAP_CAUSES order
+    # for ties.
+    best = pl.max_horizontal(cols)
+    pick = pl.when(pl.col(cols[0]) == best).then(pl.lit(CATEGORIES[0][0]))
+    for cause, col, _ in CATEGORIES[1:]:
+        pick = pick.when(pl.col(col) == best).then(pl.lit(cause))
+    dur = pl.col("duration_ns").cast(pl.Float64)
+    enough = best >= min_cause_frac * dur
+    return out.with_columns(
+        pl.when(enough & (best > 0)).then(pick).otherwise(pl.lit("no_cuda_activity"))
+        .alias("cause"),
+        pl.when(enough & (best > 0)).then(best / dur)
+        .otherwise(1 - pl.col("_any").fill_null(0) / dur).alias("cause_frac"),
+        pl.col("cause_detail").fill_null(
+            "no CUDA API, OS-runtime, NVTX or profiler activity on the device's processes"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass
+# ---------------------------------------------------------------------------------------------
+def _owners(trace: Trace, ops: pl.LazyFrame, gaps: pl.LazyFrame, scopes: tuple[str, ...]):
+    """(gap_id, pid) and (gap_id, global_tid) pairs: whose host activity explains each gap."""
+    procs = ops.select(KEY_COLS).unique()
+    threads = (
+        trace.frame("cuda_api").lazy().select("global_pid", "correlation_id", "global_tid")
+        .join(ops.select("global_pid", "correlation_id", *KEY_COLS),
+              on=["global_pid", "correlation_id"])
+        .select(*KEY_COLS, "global_tid")
+        .unique()
+    )
+    by_pid, by_tid = [], []
+    for scope in scopes:
+        keys = SCOPE_KEYS[scope]
+        g = gaps.filter(pl.col("scope") == scope).select("gap_id", *keys)
+        if "pid" in keys:
+            by_pid.append(g.select("gap_id", "pid"))
+        else:  # device scope: every process with an op on the device
+            by_pid.append(g.join(procs.select(*keys, "pid").unique(), on=keys)
+                          .select("gap_id", "pid"))
+        by_tid.append(g.join(threads.select(*keys, "global_tid").unique(), on=keys)
+                      .select("gap_id", "global_tid"))
+    return pl.concat(by_pid).unique(), pl.concat(by_tid).unique()
+
+
+def _assign_steps(gaps: pl.LazyFrame, steps: pl.DataFrame | None) -> pl.LazyFrame:
+    if steps is None:
+        return gaps.with_columns(pl.lit(None, pl.Int64).alias("step"))
+    win = steps.lazy().select(
+        "step", pl.col("start_ns").alias("_ss"), pl.col("end_ns").alias("_se")
+    ).sort("_ss")
+    return (
+        gaps.sort("start_ns")
+        .join_asof(win, left_on="start_ns", right_on="_ss", strategy="backward")
+        .with_columns(
+            pl.when(pl.col("start_ns") < pl.col("_se")).then(pl.col("step")).alias("step")
+        )
+        .drop("_ss", "_se")
+    )
+
+
+def _summary(
+    tid: str, gaps: pl.DataFrame, parts: pl.DataFrame, steps: pl.DataFrame | None
+) -> pl.DataFrame:
+    dur = pl.col("duration_ns")
+    per_dev = parts.group_by("scope", "device_id").agg(
+        (pl.col("_e") - pl.col("_s")).sum().alias("span_ns"),
+        pl.col("busy_ns").sum().alias("busy_ns"),
+    )
+    counts = gaps.group_by("scope", "device_id").agg(
+        pl.len().alias("n_gaps"),
+        dur.sum().alias("gaps_ns"),
+        ((dur >= MS) & (dur < 10 * MS)).sum().alias("n_gaps_1_10ms"),
+        ((dur >= 10 * MS) & (dur < 100 * MS)).sum().alias("n_gaps_10_100ms"),
+        (dur >= 100 * MS).sum().alias("n_gaps_ge_100ms"),
+        # Regularity of gap starts, for when steps are unknown.
+        (pl.col("start_ns").sort().diff().std() / pl.col("start_ns").sort().diff().mean())
+        .alias("_cv"),
+    )
+    if steps is not None:
+        steady = steps.filter(~pl.col("warmup"))["step"]
+        with_gap = (
+            gaps.filter(pl.col("step").is_in(steady.implode()))
+            .group_by("scope", "device_id")
+            .agg((pl.col("step").n_unique() / max(steady.len(), 1)).alias("_frac"))
+        )
+        counts = counts.join(with_gap, on=["scope", "device_id"], how="left")
+    else:
+        counts = counts.with_columns(pl.lit(None, pl.Float64).alias("_frac"))
+    frac = pl.col("_frac").fill_null(0.0) if steps is not None else pl.col("_frac")
+    regular = pl.when((pl.col("n_gaps") >= 4) & (pl.col("_cv") <= 0.1)).then(True)
+    out = (
+        per_dev.join(counts, on=["scope", "device_id"], how="left")
+        .with_columns(
+            pl.lit(tid).alias("trace_id"),
+            (pl.col("span_ns") - pl.col("busy_ns")).alias("idle_ns"),
+            *[pl.col(c).fill_null(0) for c in
+              ("n_gaps", "gaps_ns", "n_gaps_1_10ms", "n_gaps_10_100ms", "n_gaps_ge_100ms")],
+            frac.alias("steps_with_gap_frac"),
+        )
+        .with_columns(
+            pl.when(pl.col("span_ns") > 0).then(pl.col("idle_ns") / pl.col("span_ns"))
+            .alias("idle_frac"),
+            (pl.col("steps_with_gap_frac") >= 0.5 if steps is not None else regular)
+            .alias("recurs_with_steps"),
+        )
+    )
+    order = pl.col("scope").replace_strict({s: i for i, s in enumerate(SCOPES)})
+    return schemas.conform(out.sort(order, "device_id"), schemas.GAP_SUMMARY)
+
+
+def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
+    tid = trace.trace_id
+    ops = trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
+    overhead = trace.frame("overhead")
+    found, parts = [], []
+    for scope in dict.fromkeys(params.scopes):
+        g, p = _scope_gaps(_busy(ops, overhead, scope), scope, params.min_gap_ns)
+        found.append(g.select("scope", *KEY_COLS, "start_ns", "end_ns", "duration_ns"))
+        parts.append(p.select("scope", *KEY_COLS, "_s", "_e", "busy_ns"))
+    order = pl.col("scope").replace_strict({s: i for i, s in enumerate(SCOPES)})
+    gaps = (
+        pl.concat(found)
+        .sort(order, "device_id", "pid", "stream_id", "start_ns", nulls_last=False)
+        .with_row_index("gap_id")
+        .collect()
+    )
+    parts_df = pl.concat(parts).collect()
+    steps = step_windows(results)
+
+    if gaps.is_empty():
+        table = schemas.empty(schemas.GAPS)
+    else:
+        windows = (
+            iv.union(gaps.select("start_ns", "end_ns"))
+            .select(pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we"))
+        )
+        proc, thread = _evidence(trace, ops, windows, params)
+        owners_pid, owners_tid = _owners(trace, ops, gaps.lazy(), params.scopes)
+        clipped = _explain(gaps.lazy(), owners_pid, owners_tid, proc, thread).collect().lazy()
+        explained = _causes(gaps.lazy(), clipped, params.min_cause_frac)
+        table = (
+            _assign_steps(explained, steps)
+            .sort("gap_id")
+            .with_columns(pl.lit(tid).alias("trace_id"))
+            .collect()
+        )
+        table = schemas.conform(table, schemas.GAPS)
+    summary = _summary(tid, table, parts_df, steps)
+    return PassResult(
+        tables={"gaps": table, "gap_summary": summary},
+        metrics=_metrics(table, summary, params.scopes[0]),
+    )
+
+
+def _metrics(gaps: pl.DataFrame, summary: pl.DataFrame, scope: str) -> dict[str, Any]:
+    """Scalars of the first requested scope (normally ``device``)."""
+    s = summary.filter(pl.col("scope") == scope)
+    g = gaps.filter(pl.col("scope") == scope)
+    span, busy = int(s["span_ns"].sum()), int(s["busy_ns"].sum())
+    metrics: dict[str, Any] = {
+        "gaps_scope": scope,
+        "span_ns": span,
+        "busy_ns": busy,
+        "idle_ns": span - busy,
+        "gpu_busy_frac": busy / span if span else None,
+        "n_gaps": g.height,
+        "gaps_ns": int(g["duration_ns"].sum()),
+        "largest_gap_ns": int(g["duration_ns"].max()) if g.height else 0,  # type: ignore[arg-type]
+    }
+    by_cause = g.group_by("cause").agg(pl.col("duration_ns").sum())
+    ns = dict(zip(by_cause["cause"].to_list(), by_cause["duration_ns"].to_list(), strict=True))
+    for cause in schemas.GAP_CAUSES:
+        metrics[f"gaps_ns_{cause}"] = int(ns.get(cause, 0))
+    metrics["main_gap_cause"] = max(ns, key=lambda c: ns[c]) if ns else None
+    return metrics
+
+
+SPEC = PassSpec(
+    name="gaps",
+    description="GPU idle gaps per device / stream / (pid, device), each with its host-side cause",
+    params=GapsParams,
+    tables={"gaps": schemas.GAPS, "gap_summary": schemas.GAP_SUMMARY},
+    run=run,
+    after=("steps",),
+)

@@ -1,0 +1,141 @@
+"""kernels: per-kernel summary with Tensor Core classification and launch statistics.
+
+Semantics:
+
+- Kernels are grouped by ``demangled_name`` (the full templated signature; kernels without one
+  fall back to their short name), which is how ``nsys stats -r gpukernsum`` names its rows.
+  That report (2022.4) also splits rows by grid and block dimensions; summing its rows of one
+  name gives this table's ``count``, ``total_ns``, ``min_ns`` and ``max_ns`` exactly.
+  ``short_name`` is the kernel's short name (the most frequent one, should a demangled name
+  carry several).
+- Durations are ``end_ns - start_ns``; ``median_ns`` is the median of the durations (the mean
+  of the two middle values for an even count).
+- ``gpu_time_frac`` = ``total_ns`` / the sum of ``total_ns`` over all kernels: a share of summed
+  kernel time, like gpukernsum's "Time (%)", not of wall time (concurrent kernels both count).
+- ``op_class``: compute | nccl, from the loader (the most frequent value of the group).
+- ``tensor_core`` / ``tensor_core_rule``: the name taxonomy of `nsysan.passes.tensor_core`
+  (``TAXONOMY_VERSION`` is reported in the metrics); null when no rule knows the name.
+- Launch statistics join each kernel to the CUDA API call that launched it on
+  ``(global_pid, correlation_id)``: ``api_mean_ns`` is the mean duration of that call,
+  ``queue_mean_ns`` / ``queue_max_ns`` the mean / max of ``kernel start - call start`` (launch
+  latency plus time queued behind earlier work). All kernels of a CUDA graph launch share its
+  call. Kernels whose call was not captured are left out of these three columns only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace
+from nsysan.passes import tensor_core as tc
+from nsysan.passes.base import PassResult, PassSpec, Results
+
+_OP_KEY = ["global_pid", "correlation_id"]
+
+
+@dataclass(frozen=True)
+class KernelsParams:
+    #: Kernels shorter than this are "tiny": their launch overhead rivals their work.
+    tiny_kernel_ns: int = 10_000
+    #: Kernels listed in the ``top_kernels`` metric.
+    top_n: int = 10
+
+
+def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
+    trace_id = trace.trace_id
+    kernels = (
+        trace.gpu_ops.lazy()
+        .filter(pl.col("kind") == "kernel")
+        .select(
+            *_OP_KEY, "start_ns", "end_ns", "op_class",
+            pl.col("name").alias("short_name"),
+            pl.coalesce("demangled_name", "name").alias("demangled_name"),
+            (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
+        )
+    )
+    api = trace.cuda_api.lazy().select(
+        *_OP_KEY, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
+    ).unique(_OP_KEY, keep="first")  # identical API rows must not duplicate kernels
+    launched = kernels.join(api, on=_OP_KEY, how="left").with_columns(
+        (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
+        (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
+    )
+    summary = launched.group_by("demangled_name").agg(
+        pl.col("short_name").mode().sort().first(),
+        pl.col("op_class").mode().sort().first(),
+        pl.len().cast(pl.Int64).alias("count"),
+        pl.col("_dur").sum().alias("total_ns"),
+        pl.col("_dur").mean().alias("mean_ns"),
+        pl.col("_dur").median().alias("median_ns"),
+        pl.col("_dur").min().alias("min_ns"),
+        pl.col("_dur").max().alias("max_ns"),
+        pl.col("_api_dur").mean().alias("api_mean_ns"),
+        pl.col("_queue").mean().alias("queue_mean_ns"),
+        pl.col("_queue").max().alias("queue_max_ns"),
+        (pl.col("_dur") < params.tiny_kernel_ns).sum().cast(pl.Int64).alias("_n_tiny"),
+        pl.col("_dur").filter(pl.col("_dur") < params.tiny_kernel_ns).sum().alias("_tiny_ns"),
+    )
+    table = (
+        tc.classify(summary)
+        .with_columns(
+            (pl.col("total_ns") / pl.col("total_ns").sum()).alias("gpu_time_frac"),
+            pl.lit(trace_id).alias("trace_id"),
+        )
+        .sort(["total_ns", "demangled_name"], descending=[True, False])
+        .collect()
+    )
+    return PassResult(
+        tables={"kernels": schemas.conform(table, schemas.KERNELS)},
+        metrics=_metrics(params, table),
+    )
+
+
+def _frac(part: int | float, whole: int | float) -> float | None:
+    return part / whole if whole else None
+
+
+def _metrics(params: KernelsParams, table: pl.DataFrame) -> dict[str, Any]:
+    total = int(table["total_ns"].sum()) if table.height else 0
+    count = int(table["count"].sum()) if table.height else 0
+
+    def time_where(cond: pl.Expr) -> int:
+        return int(table.filter(cond)["total_ns"].sum()) if table.height else 0
+
+    n_tiny = int(table["_n_tiny"].sum()) if table.height else 0
+    top = table.head(params.top_n)
+    return {
+        "n_kernels": count,
+        "n_kernel_names": table.height,
+        "kernel_time_ns": total,
+        "tensor_core_time_ns": time_where(pl.col("tensor_core") == True),  # noqa: E712
+        "tensor_core_frac": _frac(time_where(pl.col("tensor_core") == True), total),  # noqa: E712
+        "tensor_core_unknown_frac": _frac(time_where(pl.col("tensor_core").is_null()), total),
+        #: matrix kernels the taxonomy knows run without Tensor Cores (NO_TENSOR_CORES reads it)
+        "matmul_without_tc_frac": _frac(
+            time_where(pl.col("tensor_core_rule").is_in(list(tc.MATMUL_WITHOUT_TC_RULES))), total
+        ),
+        "tensor_core_taxonomy_version": tc.TAXONOMY_VERSION,
+        "tiny_kernel_ns": params.tiny_kernel_ns,
+        "tiny_kernel_count": n_tiny,
+        "tiny_kernel_frac": _frac(n_tiny, count),
+        "tiny_kernel_time_frac": _frac(int(table["_tiny_ns"].sum()) if table.height else 0, total),
+        "top_kernels": [  # at most top_n rows: rendering, not event processing
+            {"name": r["short_name"], "demangled_name": r["demangled_name"],
+             "total_ns": r["total_ns"], "count": r["count"], "gpu_time_frac": r["gpu_time_frac"],
+             "tensor_core": r["tensor_core"]}
+            for r in top.iter_rows(named=True)
+        ],
+    }
+
+
+SPEC = PassSpec(
+    name="kernels",
+    description="Kernel summary by name: time, counts, Tensor Core use, launch statistics",
+    params=KernelsParams,
+    tables={"kernels": schemas.KERNELS},
+    run=run,
+)
