@@ -1,0 +1,340 @@
+"""What every rule needs, derived once: pass tables, the analysed window, device time, and the
+classification of device idle time.
+
+The **analysed window** is the steady state: the span of the non-warm-up steps when the steps
+pass found steps, else the whole GPU span. Count-based rules (allocations, copies, syncs) use a
+**count window** that, without steps, also skips the first ``warmup_frac_without_steps`` of the
+GPU span, because warm-up allocates and uploads on purpose.
+
+Device idle time in the window is split into a partition (each idle nanosecond counted once):
+- gaps of at least ``short_gap_max_ns``: the gaps pass's rows, by their ``cause``;
+- shorter gaps (between kernels), classified here: ``sync`` when the gap starts while a process
+  using the device is blocked in a synchronising API, ``copy`` when it starts while the host is
+  blocked in a pageable or synchronous copy to/from the device, ``launch`` when the launch
+  call of the op that ends the gap returned only after the device went idle (the host had not
+  submitted it yet: the GPU waited for the launch), else ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import polars as pl
+
+from nsysan.findings.params import FindingParams
+from nsysan.frames import intervals
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import PassResult
+
+#: Which pass writes which table (for "not evaluated" reasons).
+TABLE_PASS = {
+    "gaps": "gaps", "gap_summary": "gaps", "overlap": "overlap", "overlap_summary": "overlap",
+    "steps": "steps", "attribution": "attribution", "layers": "attribution",
+    "kernels": "kernels",
+}
+
+#: Gap causes that mean "the host was busy with something other than feeding the GPU"
+#: (synchronous / pageable copies have their own finding).
+HOST_SIDE_CAUSES = ("nvtx_range", "osrt_wait", "no_cuda_activity")
+#: Idle category of each long-gap cause (see `Context.idle_breakdown`); else "other".
+CAUSE_CATEGORY = {
+    "nvtx_range": "input", "osrt_wait": "input", "no_cuda_activity": "input",
+    "sync_copy": "copy", "launch_bound": "launch", "sync_api": "sync",
+    "profiler_overhead": "other",
+}
+
+
+class NotEvaluated(Exception):  # a control-flow signal, not an error
+    """Raised by a rule whose inputs are missing; the message is the reason shown to users."""
+
+
+@dataclass
+class Context:
+    trace: Trace
+    results: Mapping[str, PassResult]
+    params: FindingParams = field(default_factory=FindingParams)
+
+    # ------------------------------------------------------------------ inputs
+    @cached_property
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return {n: df for r in self.results.values() for n, df in r.tables.items()}
+
+    def table(self, name: str) -> pl.DataFrame | None:
+        return self.tables.get(name)
+
+    def need_table(self, name: str) -> pl.DataFrame:
+        df = self.table(name)
+        if df is None:
+            raise NotEvaluated(f"the {TABLE_PASS.get(name, name)} pass did not run "
+                               f"(no `{name}` table)")
+        return df
+
+    def need_frame(self, name: str) -> pl.DataFrame:
+        if not self.trace.has(name):
+            why = self.trace.meta.missing.get(name, "not captured")
+            raise NotEvaluated(f"`{name}` not captured ({why})")
+        return self.trace.frame(name)
+
+    def metric(self, key: str) -> object | None:
+        for r in self.results.values():
+            if key in r.metrics:
+                return r.metrics[key]
+        return None
+
+    # ------------------------------------------------------------------ steps and windows
+    @cached_property
+    def steady_steps(self) -> pl.DataFrame | None:
+        """Non-warm-up steps (all steps when every step is flagged warm-up), or None."""
+        steps = self.table("steps")
+        if steps is None or steps.is_empty():
+            return None
+        steady = steps.filter(~pl.col("warmup").fill_null(False))
+        return (steady if not steady.is_empty() else steps).sort("start_ns")
+
+    @property
+    def n_steps(self) -> int | None:
+        return None if self.steady_steps is None else self.steady_steps.height
+
+    @cached_property
+    def gpu_span(self) -> tuple[int, int] | None:
+        ops = self.trace.frame("gpu_ops") if self.trace.has("gpu_ops") else None
+        if ops is None or ops.is_empty():
+            return None
+        row = ops.select(pl.col("start_ns").min(), pl.col("end_ns").max()).row(0)
+        return int(row[0]), int(row[1])
+
+    @cached_property
+    def window(self) -> tuple[int, int] | None:
+        """The analysed (steady-state) window on the session timeline."""
+        if self.steady_steps is not None:
+            s = self.steady_steps
+            return int(s["start_ns"].min()), int(s["end_ns"].max())
+        return self.gpu_span
+
+    @property
+    def window_source(self) -> str:
+        if self.steady_steps is not None:
+            return f"{self.n_steps} steady-state steps"
+        return "whole GPU span (no steps found)"
+
+    @cached_property
+    def count_window(self) -> tuple[int, int] | None:
+        if self.steady_steps is not None or self.window is None:
+            return self.window
+        t0, t1 = self.window
+        return t0 + int((t1 - t0) * self.params.warmup_frac_without_steps), t1
+
+    def in_window(self, df: pl.DataFrame, win: tuple[int, int] | None = None) -> pl.DataFrame:
+        """Rows whose start lies in the window."""
+        win = win or self.window
+        if win is None:
+            return df.clear()
+        return df.filter((pl.col("start_ns") >= win[0]) & (pl.col("start_ns") < win[1]))
+
+    # ------------------------------------------------------------------ device time by state
+    @cached_property
+    def state_time(self) -> dict[str, int] | None:
+        """ns per overlap state in the window, summed over devices (None without overlap)."""
+        ov = self.table("overlap")
+        if ov is None:
+            return None
+        rows = ov.filter(pl.col("step").is_null())
+        if self.steady_steps is not None:
+            per_step = ov.filter(pl.col("step").is_in(self.steady_steps["step"].implode()))
+            if not per_step.is_empty():
+                rows = per_step
+        agg = rows.group_by("state").agg(pl.col("duration_ns").sum())
+        return {s: int(d) for s, d in agg.iter_rows()}
+
+    @cached_property
+    def device_time_ns(self) -> int:
+        """Sum over devices of the window ∩ the device's GPU span."""
+        if self.state_time:
+            return sum(self.state_time.values())
+        if self.window is None or not self.trace.has("gpu_ops"):
+            return 0
+        t0, t1 = self.window
+        spans = self.trace.frame("gpu_ops").group_by("device_id").agg(
+            pl.col("start_ns").min().clip(lower_bound=t0).alias("a"),
+            pl.col("end_ns").max().clip(upper_bound=t1).alias("b"),
+        )
+        return int(spans.select((pl.col("b") - pl.col("a")).clip(lower_bound=0).sum()).item())
+
+    def state_share(self, include: str, exclude: str | None = "compute") -> tuple[int, float]:
+        """(ns, share of device time) of states that contain ``include`` and not ``exclude``."""
+        st = self.state_time or {}
+        ns = sum(d for s, d in st.items()
+                 if include in s.split("+") and (exclude is None or exclude not in s.split("+")))
+        total = self.device_time_ns
+        return ns, (ns / total if total else 0.0)
+
+    # ------------------------------------------------------------------ idle classification
+    @cached_property
+    def long_gaps(self) -> pl.DataFrame | None:
+        """Device-scope gaps of the gaps pass, >= short_gap_max_ns, starting in the window,
+        with ``category`` (input | copy | sync | launch | other).
+
+        The category is the cause's (`CAUSE_CATEGORY`), except that a gap the gaps pass could
+        only call ``no_cuda_activity`` is ``sync`` (``copy``) when it starts while the host is
+        blocked in a synchronising call (a pageable / synchronous copy): the host drained the
+        queue there, so whatever it did next left the GPU idle."""
+        gaps = self.table("gaps")
+        if gaps is None:
+            return None
+        g = self.in_window(gaps.filter((pl.col("scope") == "device")
+                                       & (pl.col("duration_ns") >= self.params.short_gap_max_ns)))
+        cat = pl.col("cause").replace_strict(CAUSE_CATEGORY, default="other")
+        if self.trace.has("gpu_ops") and self.trace.has("cuda_api") and g.height:
+            g = self._tag_blocked(g.sort("start_ns").lazy()).collect()
+            unexplained = pl.col("cause") == "no_cuda_activity"
+            cat = (pl.when(unexplained & pl.col("_in_sync")).then(pl.lit("sync"))
+                   .when(unexplained & pl.col("_in_copy")).then(pl.lit("copy")).otherwise(cat))
+            return g.with_columns(cat.alias("category")).drop(["_in_sync", "_in_copy"])
+        return g.with_columns(cat.alias("category"))
+
+    @cached_property
+    def _blocking_calls(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Per device, the union of host calls that block until the device drains: sync APIs
+        of every process using the device, and pageable / synchronous copies to/from it."""
+        ops = self.trace.frame("gpu_ops")
+        api = self.trace.frame("cuda_api")
+        pid_dev = ops.lazy().select(["pid", "device_id"]).unique()
+        syncs = (api.lazy().filter(pl.col("api_class") == "sync")
+                 .select(["pid", "start_ns", "end_ns"]).join(pid_dev, on="pid"))
+        copies = (self.bad_copies.lazy().filter(pl.col("api_start").is_not_null())
+                  .select(["device_id", pl.col("api_start").alias("start_ns"),
+                           pl.col("api_end").alias("end_ns")]))
+        s, c = pl.collect_all([intervals.union(syncs, by=["device_id"]),
+                               intervals.union(copies, by=["device_id"])])
+        return s.sort("start_ns"), c.sort("start_ns")
+
+    def _tag_blocked(self, gaps: pl.LazyFrame) -> pl.LazyFrame:
+        """Add ``_in_sync`` / ``_in_copy``: the gap starts inside a blocking host call."""
+        syncs, copies = self._blocking_calls
+        for name, calls in (("_in_sync", syncs), ("_in_copy", copies)):
+            calls = calls.lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
+            gaps = (gaps.join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
+                                   strategy="backward", check_sortedness=False)
+                    .with_columns((pl.col("_ce").is_not_null()
+                                   & (pl.col("start_ns") < pl.col("_ce"))).alias(name))
+                    .drop(["_cs", "_ce"]))
+        return gaps
+
+    @cached_property
+    def short_gaps(self) -> pl.DataFrame:
+        """Device idle gaps < short_gap_max_ns in the window, ``kind`` sync|copy|launch|other.
+
+        Needs gpu_ops and cuda_api (callers check). Columns: device_id, start_ns, end_ns,
+        duration_ns, kind."""
+        p = self.params
+        ops = self.trace.frame("gpu_ops")
+        api = self.trace.frame("cuda_api")
+        busy = ops.lazy().filter(pl.col("start_ns") > 0).select(["device_id", "start_ns",
+                                                                 "end_ns"])
+        gaps = (intervals.complement(busy, by=["device_id"])
+                .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+                .filter(pl.col("duration_ns") < p.short_gap_max_ns))
+        win = self.window
+        if win is not None:
+            gaps = gaps.filter((pl.col("start_ns") >= win[0]) & (pl.col("end_ns") <= win[1]))
+        gaps = self._tag_blocked(gaps.sort("start_ns"))
+
+        # launch: had the host submitted the op(s) that end the gap when the GPU went idle?
+        # A launch call submits the work by the time it returns, so the GPU waited for the
+        # host when the earliest of those calls returned after the gap had started.
+        ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
+        launch_of_op = (
+            ops.lazy().select(["device_id", "start_ns", "global_pid", "correlation_id"])
+            .join(ends, on=["device_id", "start_ns"], how="semi")  # only ops that end a gap
+            .join(api.lazy().select(["global_pid", "correlation_id",
+                                     pl.col("end_ns").alias("_api_end")]),
+                  on=["global_pid", "correlation_id"], how="inner")
+            .group_by(["device_id", "start_ns"]).agg(pl.col("_api_end").min())
+            .rename({"start_ns": "end_ns"})
+        )
+        gaps = gaps.join(launch_of_op, on=["device_id", "end_ns"], how="left")
+        late = pl.col("_api_end").is_not_null() & (pl.col("_api_end") > pl.col("start_ns"))
+        kind = (pl.when(pl.col("_in_sync")).then(pl.lit("sync"))
+                .when(pl.col("_in_copy")).then(pl.lit("copy"))
+                .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
+        return (gaps.with_columns(kind.alias("kind"))
+                .select(["device_id", "start_ns", "end_ns", "duration_ns", "kind"])
+                .collect())
+
+    def can_classify_short_gaps(self) -> None:
+        self.need_frame("gpu_ops")
+        self.need_frame("cuda_api")
+        if self.window is None:
+            raise NotEvaluated("no GPU activity in the trace")
+
+    @cached_property
+    def idle_breakdown(self) -> dict[str, int]:
+        """Idle ns in the window: input | copy | launch | sync | other | unclassified.
+
+        ``launch``, ``sync`` and ``copy`` come from short gaps and long gaps with those causes;
+        ``input`` from long gaps with host-side causes; ``unclassified`` is idle time the
+        overlap table shows but no gap class explains (e.g. gaps between short_gap_max_ns and
+        the gaps pass threshold)."""
+        out = {"input": 0, "copy": 0, "launch": 0, "sync": 0, "other": 0}
+        if self.long_gaps is not None and not self.long_gaps.is_empty():
+            agg = self.long_gaps.group_by("category").agg(pl.col("duration_ns").sum())
+            for cat, ns in agg.iter_rows():
+                out[cat] += int(ns)
+        try:
+            self.can_classify_short_gaps()
+            sg = self.short_gaps.group_by("kind").agg(pl.col("duration_ns").sum())
+            for kind, ns in sg.iter_rows():
+                out[kind] += int(ns)
+        except NotEvaluated:
+            pass
+        idle = (self.state_time or {}).get("idle")
+        if idle is not None:
+            out["unclassified"] = max(0, idle - sum(out.values()))
+        return out
+
+    # ------------------------------------------------------------------ copies
+    @cached_property
+    def bad_copies(self) -> pl.DataFrame:
+        """Pageable copies and synchronous cudaMemcpy calls (whole trace), one row per copy:
+        device_id, start_ns, end_ns (GPU), api_name, api_start, api_end, copy_kind,
+        src_kind, dst_kind, bytes, why (pageable | sync). Needs gpu_ops and cuda_api."""
+        p = self.params
+        ops = self.trace.frame("gpu_ops")
+        api = self.trace.frame("cuda_api")
+        copies = ops.filter(pl.col("kind") == "memcpy").select(
+            ["device_id", "start_ns", "end_ns", "global_pid", "correlation_id", "copy_kind",
+             "src_kind", "dst_kind", "bytes"])
+        calls = api.filter(pl.col("api_class") == "memcpy").select(
+            ["global_pid", "correlation_id", pl.col("name").alias("api_name"),
+             pl.col("start_ns").alias("api_start"), pl.col("end_ns").alias("api_end")])
+        j = copies.join(calls, on=["global_pid", "correlation_id"], how="left")
+        is_async = pl.col("api_name").str.contains("(?i)async")
+        pageable = ((pl.col("src_kind") == "pageable")
+                    | (pl.col("dst_kind") == "pageable")).fill_null(False)
+        # nsys's cuda-sync-memcpy rule: small H2D uploads and same-device copies are fine
+        small_h2d = ((pl.col("copy_kind") == "HtoD")
+                     & (pl.col("bytes") <= p.copy_small_h2d_bytes)).fill_null(False)
+        sync_call = (pl.col("api_name").is_not_null() & ~is_async & ~small_h2d
+                     & (pl.col("copy_kind") != "DtoD")).fill_null(False)
+        return j.filter(pageable | sync_call).with_columns(
+            pl.when(pageable).then(pl.lit("pageable")).otherwise(pl.lit("sync")).alias("why"))
+
+    def exposed_ns(self, subset: pl.DataFrame) -> int:
+        """GPU time of ``subset`` (device_id, start_ns, end_ns) not overlapped by compute:
+        |subset ∪ compute| − |compute| per device, summed."""
+        if subset.is_empty():
+            return 0
+        devs = subset["device_id"].unique().implode()
+        compute = self.trace.frame("gpu_ops").filter(
+            (pl.col("op_class") == "compute") & pl.col("device_id").is_in(devs)
+            & (pl.col("end_ns") > int(subset["start_ns"].min()))
+            & (pl.col("start_ns") < int(subset["end_ns"].max()))
+        ).select(["device_id", "start_ns", "end_ns"])
+        cols = ["device_id", "start_ns", "end_ns"]
+        both = intervals.total(pl.concat([subset.select(cols), compute]), by=["device_id"])
+        comp = intervals.total(compute, by=["device_id"])
+        a, b = pl.collect_all([both.select(pl.col("busy_ns").sum()),
+                               comp.select(pl.col("busy_ns").sum())])
+        return int(a.item() or 0) - int(b.item() or 0)

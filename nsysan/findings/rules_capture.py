@@ -1,0 +1,159 @@
+"""Rules about the profile itself: what was not captured, or captured badly."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nsysan.findings.context import Context, NotEvaluated
+from nsysan.findings.evidence import (
+    evidence,
+    fmt_frac,
+    fmt_ns,
+    make_finding,
+    metric,
+    offender,
+    short,
+    window,
+    windows_from,
+)
+from nsysan.passes.base import Finding
+
+#: Missing canonical frame -> (severity, what is lost). NVTX has its own code (NVTX_MISSING).
+_MISSING_SEVERITY = {
+    "gpu_ops": ("critical", "no GPU activity: nothing to analyse"),
+    "cuda_api": ("warning", "no CUDA API calls: no gap causes, launch, sync or copy analysis"),
+    "osrt": ("info", "no OS-runtime calls: gap causes cannot name OS waits"),
+}
+_GRAPH_LAUNCH_RE = r"^(cuda|cu)GraphLaunch"
+
+
+def nvtx_missing(ctx: Context) -> list[Finding]:
+    """NVTX_MISSING: attribution unavailable because there are no NVTX ranges."""
+    if not ctx.trace.has("nvtx"):
+        why = ctx.trace.meta.missing.get("nvtx", "not captured")
+        reason = (f"NVTX was not traced ({why}): record with `--trace=cuda,nvtx` and annotate "
+                  "the code")
+        n = 0
+    else:
+        n = ctx.trace.frame("nvtx").filter(pl.col("style") != "mark").height
+        if n:
+            return []
+        reason = "the application emitted no NVTX ranges (NVTX was traced)"
+    msg = f"Per-layer attribution is unavailable: {reason}."
+    ev = evidence([metric("nvtx_ranges", "NVTX ranges", n, "count")])
+    return [make_finding("NVTX_MISSING", "info", msg, ev)]
+
+
+def nvtx_low_coverage(ctx: Context) -> list[Finding]:
+    """NVTX_LOW_COVERAGE: share of GPU busy time inside any range."""
+    p = ctx.params
+    if not ctx.trace.has("nvtx") or ctx.trace.frame("nvtx").filter(
+            pl.col("style") != "mark").is_empty():
+        raise NotEvaluated("the profile has no NVTX ranges")
+    layers = ctx.need_table("layers")
+    coverage = float(layers["exclusive_frac"].fill_null(0).sum()) if layers.height else 0.0
+    if coverage >= p.nvtx_min_coverage:
+        return []
+    covered = int(layers["exclusive_gpu_ns"].fill_null(0).sum()) if layers.height else 0
+    metrics = [
+        metric("coverage_frac", "GPU busy time inside an NVTX range", coverage, "frac"),
+        metric("covered_ns", "GPU time attributed to ranges", covered, "ns"),
+        metric("n_layers", "distinct range names with GPU work", layers.height, "count"),
+    ]
+    msg = (f"Only {fmt_frac(coverage)} of GPU busy time falls inside an NVTX range; the rest "
+           "cannot be attributed to a layer.")
+    return [make_finding("NVTX_LOW_COVERAGE", "info", msg, evidence(metrics))]
+
+
+def missing_tables(ctx: Context) -> list[Finding]:
+    """CAPTURE_MISSING_TABLES: canonical frames the export did not have."""
+    missing = {n: why for n, why in ctx.trace.meta.missing.items() if n in _MISSING_SEVERITY}
+    if not missing:
+        return []
+    order = ("info", "warning", "critical")
+    sev = max((_MISSING_SEVERITY[n][0] for n in missing), key=order.index)
+    offenders = [offender("table", n, None, "count",
+                          detail=f"{why}; {_MISSING_SEVERITY[n][1]}") for n, why in missing.items()]
+    metrics = [metric("n_missing", "activity kinds not captured", len(missing), "count")]
+    msg = ("Not captured: " + "; ".join(f"{n} ({_MISSING_SEVERITY[n][1]})" for n in missing)
+           + ".")
+    return [make_finding("CAPTURE_MISSING_TABLES", sev, msg, evidence(metrics, [], offenders))]
+
+
+def graphs_without_nodes(ctx: Context) -> list[Finding]:
+    """CUDA_GRAPH_NO_NODES: graph launches but no GPU op with a graph node id."""
+    ops = ctx.need_frame("gpu_ops")
+    api = ctx.need_frame("cuda_api")
+    launches = api.filter(pl.col("name").str.contains(_GRAPH_LAUNCH_RE))
+    if launches.is_empty() or ops["graph_node_id"].is_not_null().any():
+        return []
+    metrics = [
+        metric("graph_launches", "CUDA graph launches", launches.height, "count"),
+        metric("graph_node_ops", "GPU ops with a graph node id", 0, "count"),
+    ]
+    msg = (f"The host launched {launches.height} CUDA graphs, but no GPU op carries a graph "
+           "node id: graph kernels were traced as whole graphs (or not at all), so GPU busy "
+           "time and per-layer attribution are understated.")
+    return [make_finding("CUDA_GRAPH_NO_NODES", "warning", msg,
+                         evidence(metrics, windows_from(launches, "name", ctx.params.top_n)))]
+
+
+def nvtx_unterminated(ctx: Context) -> list[Finding]:
+    """NVTX_UNTERMINATED: ranges that never ended."""
+    nvtx = ctx.need_frame("nvtx")
+    bad = nvtx.filter(pl.col("unterminated").fill_null(False))
+    if bad.is_empty():
+        return []
+    by = (bad.group_by("name").agg(pl.len(), pl.col("start_ns").min())
+          .sort("len", descending=True).head(ctx.params.top_n))
+    offenders = [offender("nvtx_range", nm or "(unnamed)", k, "count", count=k,
+                          detail=f"first opened at {fmt_ns(t)}") for nm, k, t in by.iter_rows()]
+    msg = (f"{bad.height} NVTX ranges end at the session end (never closed, or the capture "
+           f"stopped inside them); e.g. `{short(by['name'][0])}`.")
+    metrics = [metric("n_unterminated", "unterminated ranges", bad.height, "count")]
+    return [make_finding("NVTX_UNTERMINATED", "info", msg, evidence(metrics, [], offenders))]
+
+
+def truncated(ctx: Context) -> list[Finding]:
+    """CAPTURE_TRUNCATED: successful kernel launches with no GPU record."""
+    p = ctx.params
+    ops = ctx.need_frame("gpu_ops")
+    api = ctx.need_frame("cuda_api")
+    launches = api.filter((pl.col("api_class") == "launch")
+                          & ~pl.col("name").str.contains("(?i)graph")
+                          & (pl.col("return_value").fill_null(0) == 0))
+    if launches.is_empty():
+        raise NotEvaluated("no kernel launch calls in the trace")
+    lost = launches.join(ops.select(["global_pid", "correlation_id"]).unique(),
+                         on=["global_pid", "correlation_id"], how="anti")
+    if lost.is_empty():
+        return []
+    # launches after the last launch that has its GPU record: work in flight at the stop
+    found = launches.join(ops.select(["global_pid", "correlation_id"]).unique(),
+                          on=["global_pid", "correlation_id"], how="semi")
+    last_found = int(found["start_ns"].max()) if found.height else -1
+    tail = lost.filter(pl.col("start_ns") > last_found)
+    inner = lost.height - tail.height
+    inner_frac = inner / launches.height
+    if inner_frac >= p.lost_warn_frac:
+        sev = "warning"
+        msg = (f"{inner} of {launches.height} kernel launches ({fmt_frac(inner_frac)}) have no "
+               "GPU record although later GPU work was recorded: activity records were lost "
+               "(CUPTI buffers dropped); GPU busy time is understated.")
+    else:
+        sev = "info"
+        msg = (f"{lost.height} kernel launches have no GPU record"
+               + (f", {tail.height} of them after the last launch with a GPU record: the capture "
+                  "stopped with work in flight" if tail.height else "")
+               + ".")
+    by = (lost.group_by("name").agg(pl.len()).sort("len", descending=True).head(p.top_n))
+    offenders = [offender("api", nm, k, "count", count=k) for nm, k in by.iter_rows()]
+    metrics = [
+        metric("n_launches", "kernel launch calls", launches.height, "count"),
+        metric("n_lost", "launches without a GPU record", lost.height, "count"),
+        metric("n_lost_at_end", "of which at the end of the capture", tail.height, "count"),
+        metric("lost_frac", "share of launches lost before the end", inner_frac, "frac"),
+    ]
+    wins = [window(int(lost["start_ns"].min()), int(lost["end_ns"].max()),
+                   "launches without GPU records")]
+    return [make_finding("CAPTURE_TRUNCATED", sev, msg, evidence(metrics, wins, offenders))]

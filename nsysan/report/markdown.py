@@ -1,0 +1,174 @@
+"""``findings.md``: the diagnosis for people, readable in a terminal and on a review page.
+
+It opens with the verdict and the baseline block, then lists findings (most severe first) with
+their evidence, advice and quick check, then per-layer attribution (or why it is unavailable),
+the pictures, and what was checked and not found / not evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from nsysan.findings.catalogue import CATALOGUE, LAYER_TITLES
+from nsysan.findings.evidence import fmt_frac, fmt_ns, fmt_value
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import Finding
+from nsysan.report.jsonout import atomic_write
+
+FINDINGS_MD = "findings.md"
+_MAX_CELL = 90
+
+
+def _cell(text: Any, limit: int = _MAX_CELL) -> str:
+    """A markdown table cell: one line, pipes escaped, long names shortened."""
+    s = " ".join(str(text).split()).replace("|", "\\|")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _t(ns: int | None) -> str:
+    """A point on the session timeline."""
+    return "n/a" if ns is None else f"{ns / 1e9:.6f} s"
+
+
+def _baseline(diagnosis: Any) -> list[str]:
+    b = diagnosis.baseline
+    lines = ["## Baseline", ""]
+    if b.window_start_ns is not None:
+        lines += [f"Analysed window: {_t(b.window_start_ns)} – {_t(b.window_end_ns)} "
+                  f"({fmt_ns(b.window_end_ns - b.window_start_ns)}, {b.window_source}).", ""]
+    lines += ["| metric | value | source |", "|---|---|---|"]
+    for it in b.items:
+        label = it.label + (f" [device {it.device_id}]" if it.device_id is not None else "")
+        value = fmt_value(it.value, it.unit) if it.value is not None else "n/a"
+        src = it.source if it.value is not None else f"{it.source}: {it.note}"
+        if it.value is not None and it.note:
+            src += f" ({it.note})"
+        lines.append(f"| {_cell(label)} | {value} | {_cell(src)} |")
+    return [*lines, ""]
+
+
+def _verdict(diagnosis: Any) -> list[str]:
+    v = diagnosis.verdict
+    lines = [f"**Verdict: {v.label}.** {v.reason}", ""]
+    if v.shares:
+        parts = " · ".join(f"{k} {fmt_frac(s)}" for k, s in v.shares.items())
+        lines += [f"Device time: {parts}", ""]
+    return lines
+
+
+def _finding(i: int, f: Finding) -> list[str]:
+    spec = CATALOGUE.get(f.code)
+    where = "".join([f", device {f.device_id}" if f.device_id is not None else "",
+                     f", pid {f.pid}" if f.pid is not None else ""])
+    lines = [f"### {i}. [{f.severity.upper()}] {f.title} — `{f.code}`", "",
+             f"Layer: **{f.layer}**{where}", "", f.message, ""]
+    ev = f.evidence or {}
+    metrics = ev.get("metrics", [])
+    if metrics:
+        lines += ["| evidence | value |", "|---|---|"]
+        lines += [f"| {_cell(m['label'])} | {fmt_value(m['value'], m['unit'])} |"
+                  for m in metrics if m.get("value") is not None]
+        lines.append("")
+    windows = ev.get("windows", [])
+    if windows:
+        lines.append("Time windows (session time):")
+        for w in windows:
+            dev = f" device {w['device_id']}" if w.get("device_id") is not None else ""
+            lines.append(f"- {_t(w['start_ns'])} – {_t(w['end_ns'])} "
+                         f"({fmt_ns(w['end_ns'] - w['start_ns'])}){dev}: {_cell(w['label'])}")
+        lines.append("")
+    offenders = ev.get("offenders", [])
+    if offenders:
+        lines += ["| top offenders | kind | value | count | detail |", "|---|---|---|---|---|"]
+        for o in offenders:
+            lines.append(
+                f"| {_cell(o['name'])} | {o['kind']} | {fmt_value(o['value'], o['unit'])} | "
+                f"{'' if o.get('count') is None else o['count']} | {_cell(o.get('detail') or '')} |"
+            )
+        lines.append("")
+    extra = ev.get("extra")
+    if extra:
+        lines += [f"Other evidence: {_cell(extra, 300)}", ""]
+    if spec:
+        lines += [f"**Advice:** {spec.advice}", "", f"**Quick check:** {spec.quick_check}", ""]
+    return lines
+
+
+def _layers(diagnosis: Any, layers: pl.DataFrame | None, images: Mapping[str, str]) -> list[str]:
+    lines = ["## Per-layer attribution (NVTX)", ""]
+    note = diagnosis.attribution_note()
+    if note is not None or layers is None or layers.is_empty():
+        return [*lines, note or "Per-layer attribution is unavailable: no NVTX range encloses "
+                "GPU work.", ""]
+    top = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort("exclusive_gpu_ns",
+                                                             descending=True).head(15)
+    lines += ["| layer | instances | GPU ops | exclusive GPU time | share | busy (union) |",
+              "|---|---|---|---|---|---|"]
+    for r in top.iter_rows(named=True):
+        lines.append(f"| {_cell(r['name'], 60)} | {r['instances']} | {r['n_gpu_ops']} | "
+                     f"{fmt_ns(r['exclusive_gpu_ns'])} | {fmt_frac(r['exclusive_frac'])} | "
+                     f"{fmt_ns(r['gpu_busy_ns'])} |")
+    cov = float(layers["exclusive_frac"].fill_null(0).sum())
+    lines += ["", f"{layers.height} range names ({layers.height - top.height} not shown: "
+              "outside the top 15 or enclosing no GPU time exclusively); NVTX ranges cover "
+              f"{fmt_frac(cov)} of GPU busy time.", ""]
+    if "layers_png" in images:
+        lines += [f"![GPU time per layer]({images['layers_png']})", ""]
+    return lines
+
+
+def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = None,
+                    images: Mapping[str, str] | None = None,
+                    timelines: Sequence[tuple[int, str]] = ()) -> str:
+    """The findings.md text. ``images`` maps ``layers_png`` / ``html`` to file names next to
+    it; ``timelines`` lists ``(device_id, png name)``."""
+    images = dict(images or {})
+    counts = {s: sum(1 for f in diagnosis.findings if f.severity == s)
+              for s in ("critical", "warning", "info")}
+    lines = [f"# nsysan findings — {trace.trace_id}", ""]
+    lines += _verdict(diagnosis)
+    lines += _baseline(diagnosis)
+    lines += ["## Findings", "",
+              f"{counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"
+              f" · input: `{trace.meta.path}` (nsys export {trace.meta.exporter_version or '?'},"
+              f" schema {trace.meta.schema_version or '?'})", ""]
+    if diagnosis.findings:
+        lines += ["| # | severity | code | layer | finding |", "|---|---|---|---|---|"]
+        for i, f in enumerate(diagnosis.findings, 1):
+            lines.append(f"| {i} | {f.severity} | `{f.code}` | {f.layer} | {_cell(f.title)} |")
+        lines.append("")
+        for i, f in enumerate(diagnosis.findings, 1):
+            lines += _finding(i, f)
+    else:
+        lines += ["No finding: nothing in this profile blocks the GPU beyond the thresholds.", ""]
+    lines += _layers(diagnosis, layers, images)
+    if timelines or "html" in images:
+        lines += ["## Timeline", ""]
+        for dev, png in timelines:
+            lines += [f"![GPU utilisation, gaps and overlap states, device {dev}]({png})", ""]
+        if "html" in images:
+            lines += [f"Interactive version (hover for details): [{images['html']}]"
+                      f"({images['html']})", ""]
+    if diagnosis.not_found:
+        lines += ["## Checked, nothing found", ""]
+        lines += [f"- `{c}` ({LAYER_TITLES[CATALOGUE[c].layer].split(' (')[0]}): "
+                  f"{CATALOGUE[c].nothing_found}" for c in diagnosis.not_found]
+        lines.append("")
+    if diagnosis.unavailable:
+        lines += ["## Not evaluated", ""]
+        lines += [f"- `{c}`: {diagnosis.reasons.get(c, '')}" for c in diagnosis.unavailable]
+        lines.append("")
+    lines += ["---", "Finding codes are documented in nsysan's docs/findings.md; thresholds: "
+              "`nsysan.findings.FindingParams`."]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(out_dir: Path, diagnosis: Any, trace: Trace,
+                   layers: pl.DataFrame | None = None, images: Mapping[str, str] | None = None,
+                   timelines: Sequence[tuple[int, str]] = ()) -> Path:
+    text = render_markdown(diagnosis, trace, layers, images, timelines)
+    return atomic_write(Path(out_dir) / FINDINGS_MD, text)

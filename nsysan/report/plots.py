@@ -1,0 +1,279 @@
+"""Pictures: a per-device utilisation timeline (PNG), a per-layer bar chart (PNG), and one
+self-contained interactive HTML page (inline SVG with hover titles, no CDN, no script).
+
+The timeline bins each device's span into ``n_bins`` equal bins. For every bin it gives the
+share of time each op class is active (from the union of that class's intervals, so a bin is
+never over 100%), the busy share (union of all ops), exposed NCCL (nccl active, compute not =
+|nccl ∪ compute| − |compute|) and the idle share; long gaps from the gaps pass are shaded with
+their cause. Matplotlib is driven through its object API and the Agg canvas, so importing this
+module never changes the caller's matplotlib backend.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from nsysan.findings.evidence import fmt_frac, fmt_ns
+from nsysan.frames import intervals
+from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
+from nsysan.frames.trace import Trace
+from nsysan.report.jsonout import atomic_write
+
+CLASSES = ("compute", "nccl", "h2d", "d2h", "d2d", "p2p", "memset")
+_COLORS = {"compute": "#2e7d32", "nccl": "#1565c0", "h2d": "#ef6c00", "d2h": "#8e24aa",
+           "d2d": "#6d4c41", "p2p": "#00838f", "memset": "#757575",
+           "exposed nccl": "#c62828", "idle": "#bdbdbd"}
+MAX_GAPS = 300  # longest gaps drawn per device (all are in gaps.parquet)
+MAX_STEP_LINES = 400
+
+
+@dataclass
+class DeviceTimeline:
+    device_id: int
+    edges: np.ndarray  # n_bins + 1 bin edges, ns
+    busy: np.ndarray  # share of each bin with any op active
+    lanes: dict[str, np.ndarray]  # class (and "exposed nccl", "idle") -> share per bin
+    gaps: pl.DataFrame  # start_ns, end_ns, duration_ns, cause, cause_detail
+    steps: list[int] = field(default_factory=list)  # step start times
+    window: tuple[int, int] | None = None  # analysed window
+
+    @property
+    def busy_frac(self) -> float:
+        w = np.diff(self.edges)
+        return float((self.busy * w).sum() / w.sum()) if w.sum() else 0.0
+
+
+def _coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Share of each bin covered by disjoint sorted intervals: B(t) = covered length before t,
+    evaluated at the edges with one binary search."""
+    if starts.size == 0:
+        return np.zeros(edges.size - 1)
+    lengths = ends - starts
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    idx = np.searchsorted(starts, edges, side="right") - 1
+    ok = idx >= 0
+    i = np.clip(idx, 0, None)
+    b = np.where(ok, cum[i] + np.minimum(edges - starts[i], lengths[i]), 0)
+    return np.diff(b) / np.maximum(np.diff(edges), 1)
+
+
+def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
+                     window: tuple[int, int] | None = None,
+                     n_bins: int = 600) -> list[DeviceTimeline]:
+    """Binned per-device activity from gpu_ops (and gaps / steps tables when present)."""
+    if not trace.has("gpu_ops") or trace.gpu_ops.is_empty():
+        return []
+    ops = trace.gpu_ops.lazy().filter(pl.col("start_ns") > 0).with_columns(
+        pl.col("op_class").replace_strict(OVERLAP_CLASS_OF_OP_CLASS, default="compute")
+        .alias("cls"))
+    spans = ops.group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    per_cls = intervals.union(ops, by=["device_id", "cls"])
+    busy = intervals.union(ops, by=["device_id"])
+    nc = intervals.union(ops.filter(pl.col("cls").is_in(["compute", "nccl"])), by=["device_id"])
+    spans, per_cls, busy, nc = pl.collect_all([spans, per_cls, busy, nc])
+    gaps = tables.get("gaps")
+    steps = tables.get("steps")
+    step_starts = (steps.sort("start_ns")["start_ns"].to_list()
+                   if steps is not None and steps.height <= MAX_STEP_LINES else [])
+    out = []
+    for dev, t0, t1 in spans.sort("device_id").iter_rows():  # one iteration per device
+        if t1 <= t0:
+            continue
+        edges = np.linspace(t0, t1, n_bins + 1).round().astype(np.int64)
+
+        def cov(df: pl.DataFrame, dev: int = dev, edges: np.ndarray = edges) -> np.ndarray:
+            d = df.filter(pl.col("device_id") == dev)
+            return _coverage(d["start_ns"].to_numpy(), d["end_ns"].to_numpy(), edges)
+
+        lanes = {c: cov(per_cls.filter(pl.col("cls") == c)) for c in CLASSES
+                 if per_cls.filter((pl.col("cls") == c) & (pl.col("device_id") == dev)).height}
+        b = cov(busy)
+        if "nccl" in lanes:
+            lanes["exposed nccl"] = np.clip(cov(nc) - lanes.get("compute", 0.0), 0, 1)
+        lanes["idle"] = 1 - b
+        g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
+                                 "duration_ns": pl.Int64, "cause": pl.String,
+                                 "cause_detail": pl.String})
+        if gaps is not None:
+            g = (gaps.filter((pl.col("scope") == "device") & (pl.col("device_id") == dev))
+                 .sort("duration_ns", descending=True).head(MAX_GAPS)
+                 .select(g.columns).sort("start_ns"))
+        out.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# PNG
+# ---------------------------------------------------------------------------------------------
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def timeline_png(tl: DeviceTimeline, path: Path, title: str = "") -> Path:
+    """Utilisation (top) with gaps shaded, and one lane per class (bottom heat strip)."""
+    fig = _figure(12, 5)
+    ax, lanes_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1.3]})
+    x = tl.edges / 1e9
+    xm = (x[:-1] + x[1:]) / 2
+    ax.fill_between(xm, 100 * tl.busy, step="mid", color=_COLORS["compute"], alpha=0.35,
+                    label="busy (any op)")
+    if "compute" in tl.lanes:
+        ax.plot(xm, 100 * tl.lanes["compute"], drawstyle="steps-mid", lw=0.8,
+                color=_COLORS["compute"], label="compute")
+    if "exposed nccl" in tl.lanes:
+        ax.plot(xm, 100 * tl.lanes["exposed nccl"], drawstyle="steps-mid", lw=0.8,
+                color=_COLORS["exposed nccl"], label="exposed nccl")
+    for s, e in tl.gaps.select("start_ns", "end_ns").iter_rows():
+        ax.axvspan(s / 1e9, e / 1e9, color="#e53935", alpha=0.25, lw=0)
+    for s in tl.steps:
+        ax.axvline(s / 1e9, color="#9e9e9e", lw=0.4, ls=":")
+    if tl.window is not None:
+        for edge in tl.window:
+            ax.axvline(edge / 1e9, color="black", lw=0.8, ls="--")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("% of bin")
+    ax.legend(loc="lower right", fontsize=7, ncol=3)
+    ax.set_title(title or f"device {tl.device_id}: GPU busy {fmt_frac(tl.busy_frac)} "
+                 f"(red: gaps ≥ threshold, dashed: analysed window)", fontsize=9)
+    names = list(tl.lanes)
+    grid = np.vstack([tl.lanes[n] for n in names])
+    lanes_ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="Greens", vmin=0, vmax=1,
+                    extent=(x[0], x[-1], len(names) - 0.5, -0.5))
+    lanes_ax.set_yticks(range(len(names)), names, fontsize=7)
+    lanes_ax.set_xlabel("session time (s)")
+    fig.tight_layout()
+    return atomic_write(path, _png_bytes(fig))
+
+
+def layers_png(layers: pl.DataFrame, path: Path, top: int = 15) -> Path:
+    """Horizontal bars of exclusive GPU time per NVTX range name."""
+    d = (layers.filter(pl.col("exclusive_gpu_ns") > 0)
+         .sort("exclusive_gpu_ns", descending=True).head(top).reverse())
+    fig = _figure(10, 0.35 * max(d.height, 3) + 1.2)
+    ax = fig.subplots()
+    names = [n if len(n) <= 60 else n[:59] + "…" for n in d["name"].fill_null("").to_list()]
+    ms = (d["exclusive_gpu_ns"].fill_null(0) / 1e6).to_list()
+    ax.barh(range(d.height), ms, color=_COLORS["compute"])
+    ax.set_yticks(range(d.height), names, fontsize=7)
+    for i, (v, f) in enumerate(zip(ms, d["exclusive_frac"].fill_null(0).to_list(), strict=True)):
+        ax.text(v, i, f" {fmt_frac(f)}", va="center", fontsize=7)
+    ax.set_xlabel("exclusive GPU time (ms)")
+    ax.set_title("GPU time per NVTX layer (innermost range, no double counting)", fontsize=9)
+    fig.tight_layout()
+    return atomic_write(path, _png_bytes(fig))
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML (inline SVG, hover titles)
+# ---------------------------------------------------------------------------------------------
+def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
+    lanes = list(tl.lanes)
+    top_h, lane_h = 120, 14
+    h = top_h + lane_h * len(lanes) + 24
+    t0, t1 = int(tl.edges[0]), int(tl.edges[-1])
+    scale = width / max(t1 - t0, 1)
+    bw = width / (tl.edges.size - 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 90}" height="{h}" '
+           f'class="tl"><g transform="translate(90,0)">']
+    for i in range(tl.edges.size - 1):  # one rect per bin (bounded by n_bins), not per event
+        tip = ", ".join(f"{n} {fmt_frac(float(tl.lanes[n][i]))}" for n in lanes)
+        bh = top_h * float(tl.busy[i])
+        out.append(f'<rect x="{i * bw:.2f}" y="{top_h - bh:.2f}" width="{bw + 0.3:.2f}" '
+                   f'height="{bh:.2f}" fill="{_COLORS["compute"]}" fill-opacity="0.55">'
+                   f'<title>{tl.edges[i] / 1e9:.6f} s: busy {fmt_frac(float(tl.busy[i]))}; '
+                   f'{html.escape(tip)}</title></rect>')
+    for s, e, d, cause, detail in tl.gaps.iter_rows():
+        x = (s - t0) * scale
+        out.append(f'<rect x="{x:.2f}" y="0" width="{max((e - s) * scale, 1):.2f}" '
+                   f'height="{top_h}" fill="#e53935" fill-opacity="0.3"><title>gap '
+                   f'{s / 1e9:.6f} s, {fmt_ns(d)}: {html.escape(str(cause))} '
+                   f'{html.escape(str(detail or ""))}</title></rect>')
+    for j, n in enumerate(lanes):
+        y = top_h + 4 + j * lane_h
+        out.append(f'<text x="-4" y="{y + 10}" text-anchor="end" font-size="10">'
+                   f'{html.escape(n)}</text>')
+        color = _COLORS.get(n, "#555")
+        for i, v in enumerate(tl.lanes[n]):
+            if v > 0.005:
+                out.append(f'<rect x="{i * bw:.2f}" y="{y}" width="{bw + 0.3:.2f}" '
+                           f'height="{lane_h - 2}" fill="{color}" fill-opacity="{min(v, 1):.2f}">'
+                           f'<title>{n}: {fmt_frac(float(v))} of '
+                           f'{tl.edges[i] / 1e9:.6f} s bin</title></rect>')
+    out.append(f'<text x="0" y="{h - 4}" font-size="10">{t0 / 1e9:.3f} s</text>'
+               f'<text x="{width}" y="{h - 4}" font-size="10" text-anchor="end">'
+               f'{t1 / 1e9:.3f} s</text></g></svg>')
+    return "".join(out)
+
+
+def _svg_layers(layers: pl.DataFrame, top: int = 20, width: int = 700) -> str:
+    d = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort("exclusive_gpu_ns",
+                                                             descending=True).head(top)
+    vmax = max(int(d["exclusive_gpu_ns"].fill_null(0).max() or 0), 1)
+    rows = []
+    for i, r in enumerate(d.iter_rows(named=True)):
+        w = width * (r["exclusive_gpu_ns"] or 0) / vmax
+        name = html.escape(r["name"] or "")
+        rows.append(f'<text x="-4" y="{i * 18 + 12}" text-anchor="end" font-size="11">'
+                    f'{html.escape((r["name"] or "")[:50])}</text><rect x="0" y="{i * 18}" '
+                    f'width="{w:.1f}" height="14" fill="{_COLORS["compute"]}"><title>{name}: '
+                    f'{fmt_ns(r["exclusive_gpu_ns"])} exclusive ({fmt_frac(r["exclusive_frac"])}),'
+                    f' {r["instances"]} instances, {r["n_gpu_ops"]} GPU ops</title></rect>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 330}" '
+            f'height="{18 * d.height + 10}"><g transform="translate(320,0)">{"".join(rows)}'
+            "</g></svg>")
+
+
+def report_html(path: Path, diagnosis: Any, trace: Trace, timelines: list[DeviceTimeline],
+                layers: pl.DataFrame | None) -> Path:
+    esc = html.escape
+    v = diagnosis.verdict
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>nsysan — {esc(trace.trace_id)}</title><style>body{{font-family:sans-serif;"
+        "margin:1.5em;max-width:1200px}}td,th{padding:2px 8px;text-align:left}"
+        ".critical{color:#b71c1c}.warning{color:#e65100}.info{color:#1565c0}"
+        "svg.tl{border:1px solid #ddd}</style></head><body>",
+        f"<h1>nsysan — {esc(trace.trace_id)}</h1>",
+        f"<p><b>Verdict: {esc(v.label)}.</b> {esc(v.reason)}</p><h2>Baseline</h2><table>",
+    ]
+    from nsysan.findings.evidence import fmt_value
+
+    for it in diagnosis.baseline.items:
+        dev = f" [device {it.device_id}]" if it.device_id is not None else ""
+        val = fmt_value(it.value, it.unit) if it.value is not None else f"n/a ({it.note})"
+        parts.append(f"<tr><td>{esc(it.label + dev)}</td><td>{esc(val)}</td></tr>")
+    parts.append("</table><h2>Findings</h2><ul>")
+    for f in diagnosis.findings:
+        parts.append(f"<li class='{esc(f.severity)}'><b>[{esc(f.severity)}] {esc(f.title)}</b> "
+                     f"(<code>{esc(f.code)}</code>, {esc(f.layer)}): {esc(f.message)}</li>")
+    if not diagnosis.findings:
+        parts.append("<li>No finding.</li>")
+    parts.append("</ul><h2>Timeline (hover for details)</h2>")
+    for tl in timelines:
+        parts.append(f"<h3>Device {tl.device_id} — busy {fmt_frac(tl.busy_frac)}</h3>"
+                     + _svg_timeline(tl))
+    parts.append("<h2>GPU time per NVTX layer</h2>")
+    if layers is not None and layers.height and diagnosis.attribution_note() is None:
+        parts.append(_svg_layers(layers))
+    else:
+        parts.append(f"<p>{esc(diagnosis.attribution_note() or 'No NVTX layers.')}</p>")
+    parts.append("</body></html>\n")
+    return atomic_write(path, "".join(parts))

@@ -1,0 +1,87 @@
+"""`write_report`: every human and machine report of one trace, next to its Parquet tables.
+
+Writes findings.md, findings.json, the pictures (timeline_device<N>.png per device,
+layers.png, report.html) and, last, manifest.json (which lists and hashes everything else in
+the directory, Parquet tables included). Each file is written atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import PassResult
+from nsysan.report import plots
+from nsysan.report.jsonout import write_findings_json
+from nsysan.report.manifest import ManifestInfo, write_manifest
+from nsysan.report.markdown import write_markdown
+
+
+def _unpack(trace_or_result: Any, results: Mapping[str, PassResult] | None, diagnosis: Any,
+            info: ManifestInfo | Mapping[str, Any] | None):
+    """Accept either (trace, results, diagnosis, info) or one `nsysan.api.AnalysisResult`."""
+    if not isinstance(trace_or_result, Trace):
+        r = trace_or_result
+        trace, results = r.trace, r.results
+        diagnosis = diagnosis if diagnosis is not None else r.diagnosis
+        if info is None:
+            info = ManifestInfo(params=r.params, timings_s=r.timings_s, options=r.options)
+    else:
+        trace = trace_or_result
+    if results is None:
+        raise TypeError("write_report needs the pass results")
+    if diagnosis is None:
+        from nsysan.findings import diagnose
+
+        opts = dict(getattr(info, "options", None) or {}) if info is not None else {}
+        diagnosis = diagnose(trace, results, **{k: v for k, v in opts.items()
+                                                if k in ("samples_per_step", "tokens_per_step")
+                                                and v is not None})
+    if isinstance(info, Mapping):
+        info = ManifestInfo(**info)
+    info = info or ManifestInfo()
+    if info.findings_params is None:
+        info.findings_params = diagnosis.params
+    return trace, results, diagnosis, info
+
+
+def write_report(out_dir: str | Path, trace_or_result: Any,
+                 results: Mapping[str, PassResult] | None = None, diagnosis: Any = None,
+                 manifest_info: ManifestInfo | Mapping[str, Any] | None = None) -> list[Path]:
+    """Write the reports of one trace into ``out_dir``; returns the paths written.
+
+    Call it after the Parquet tables are in ``out_dir`` so that the manifest hashes them too.
+    """
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trace, results, diagnosis, info = _unpack(trace_or_result, results, diagnosis,
+                                              manifest_info)
+    tables = {n: df for r in results.values() for n, df in r.tables.items()}
+    layers = tables.get("layers")
+    written: list[Path] = []
+    window = ((diagnosis.baseline.window_start_ns, diagnosis.baseline.window_end_ns)
+              if diagnosis.baseline.window_start_ns is not None else None)
+    timelines = plots.device_timelines(trace, tables, window)
+    pngs: list[tuple[int, str]] = []
+    for tl in timelines:
+        p = plots.timeline_png(tl, out / f"timeline_device{tl.device_id}.png")
+        written.append(p)
+        pngs.append((tl.device_id, p.name))
+    images: dict[str, str] = {}
+    if layers is not None and layers.height and diagnosis.attribution_note() is None:
+        written.append(plots.layers_png(layers, out / "layers.png"))
+        images["layers_png"] = "layers.png"
+    written.append(plots.report_html(out / "report.html", diagnosis, trace, timelines, layers))
+    images["html"] = "report.html"
+    written.append(write_markdown(out, diagnosis, trace, layers, images, pngs))
+    written.append(write_findings_json(out, diagnosis, trace, [p.name for p in written
+                                                               if p.suffix != ".md"]))
+    timings = dict(info.timings_s)
+    timings["write_report"] = time.perf_counter() - t_start
+    info.timings_s = timings
+    written.append(write_manifest(out, trace, info))
+    return written
