@@ -1,0 +1,532 @@
+"""nccl: one row per NCCL collective / point-to-point operation, with its exposed time.
+
+What makes an operation: every NCCL kernel (``op_class == "nccl"``) is one operation, since
+NCCL launches one kernel per collective, or per group of operations fused by
+``ncclGroupStart/End`` (a grouped send + receive is one ``SendRecv`` kernel).
+
+- **op**: from NCCL's own NVTX API ranges (``ncclAllReduce``, ``ncclSend``, ...) that issued
+  the kernel when the export has them, else from the kernel name. NCCL maintainers warn that
+  the kernel name does not reliably say which operation ran (NCCL 2.13 named everything
+  SendRecv; ``ncclDevKernel_Generic_*``), so the API ranges win. An API range issued a kernel
+  when it starts on the launching thread after that thread's previous NCCL launch and before
+  this launch ends (the launch usually happens inside ``ncclGroupEnd``, after the op's range).
+  Both naming schemes are parsed: ``ncclKernel_AllReduce_RING_LL_Sum_float`` (NCCL < 2.19)
+  and ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` / ``ncclDevKernel_SendRecv(...)`` (2.19+),
+  and the 2.4-era ``ncclAllReduceRingLLKernel_sum_f32``.
+- **bytes**: NCCL's NVTX payload field ``Message size [bytes]`` (``payload_json`` of the nvtx
+  frame; exports before nsys 2024 drop the payloads, so bytes are then null). For a group the
+  sizes are summed (a SendRecv group counts the bytes it sends).
+- **algbw / busbw** follow nccl-tests: ``algbw = S / t`` with S the nccl-tests size (NCCL's
+  message size, times n for AllGather / ReduceScatter whose NVTX size is per rank), and
+  ``busbw = algbw x factor``: AllReduce 2(n-1)/n, AllGather / ReduceScatter / AllToAll (n-1)/n,
+  every other op 1. n (ranks) comes from ``params.n_ranks``, else the ``No. of ranks`` of
+  NCCL's communicator-init payload, else the job's world size in the capture environment, else
+  the number of processes running NCCL kernels when there are several.
+- **exposed_ns**: the op's time not covered by the union of compute ops on its device (the
+  overlap pass's devices: ``device_id``). Summed over ops it equals the overlap pass's
+  ``exposed_nccl_ns`` (nccl active, compute not) whenever NCCL kernels of a device never run
+  concurrently with each other; ``metrics["exposed_nccl_ns"]`` is the union form, equal to it
+  in every case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from nsysan.errors import ConfigError
+from nsysan.frames import intervals as iv
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import Finding, PassResult, PassSpec, Results
+
+# ---------------------------------------------------------------------------------------------
+# Names: kernel names and NCCL API range names -> op
+# ---------------------------------------------------------------------------------------------
+_OPS_ALT = (
+    "AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll"
+    "|Gather|Scatter|Generic"
+)
+#: op right after the prefix: ncclKernel_X, ncclDevKernel_X, or 2.4-era ncclXRingLLKernel
+_KERNEL_OP_RE = rf"^nccl(?:Dev)?(?:Kernel)?_?({_OPS_ALT})"
+_ALGO_RE = r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?:_|$)"
+_OLD_ALGO_RE = r"(Ring|Tree|CollNet)(LL128|LL)?Kernel"
+_PROTO_RE = r"_(LL128|LL|SIMPLE)(?:_|$)"
+_REDOP_RE = r"(?i)_(sum|prod|minmax|min|max|premulsum|sumpostdiv)_([A-Za-z0-9]+(?-i:_t)?)"
+_REDOPS = {"sum": "Sum", "prod": "Prod", "minmax": "MinMax", "min": "Min", "max": "Max",
+           "premulsum": "PreMulSum", "sumpostdiv": "SumPostDiv"}
+#: NCCL API ranges that issue an operation (not ncclGroupStart/End, comm init, ...)
+_API_OP_RE = (
+    r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Bcast|Reduce|Send|Recv|AllToAll"
+    r"|AlltoAll|Gather|Scatter)$"
+)
+_OP_ALIASES = {"Bcast": "Broadcast", "AlltoAll": "AllToAll"}
+_COMM_INIT_RE = r"^ncclComm(?:InitRank|InitAll|InitRankConfig|InitRankScalable|Split)"
+_MSG_SIZE_RE = r'"Message size \[bytes\]"\s*:\s*"?(\d+)'
+_N_RANKS_RE = r'"No\. of ranks"\s*:\s*"?(\d+)'
+_COMM_ID_RE = r'"NCCL communicator ID"\s*:\s*"?(-?\d+)'
+
+#: nccl-tests bus-bandwidth factor kind per op (see the module docstring)
+_BUS_FACTOR = {"AllReduce": "2(n-1)/n", "AllGather": "(n-1)/n", "ReduceScatter": "(n-1)/n",
+               "AllToAll": "(n-1)/n"}
+#: ops whose NVTX message size is per rank: the nccl-tests size is n times it
+_SIZE_TIMES_N = ("AllGather", "ReduceScatter")
+
+
+def _clean(col: str) -> pl.Expr:
+    # Short names normally have no signature; demangled ones do ("void f(args)").
+    return pl.col(col).str.replace(r"^void\s+", "").str.replace(r"\(.*$", "")
+
+
+def kernel_fields(col: str = "name") -> list[pl.Expr]:
+    """Expressions ``op, algorithm, protocol, redop, dtype`` parsed from a kernel name column
+    (null where the name does not say; op is null for non-NCCL names)."""
+    name = _clean(col)
+    op = name.str.extract(_KERNEL_OP_RE, 1).replace(_OP_ALIASES)
+    old_algo = name.str.extract(_OLD_ALGO_RE, 1)
+    algo = pl.coalesce(name.str.extract(_ALGO_RE, 1), old_algo.str.to_uppercase())
+    proto = pl.coalesce(
+        name.str.extract(_PROTO_RE, 1),
+        name.str.extract(_OLD_ALGO_RE, 2),
+        pl.when(old_algo.is_not_null()).then(pl.lit("SIMPLE")),
+    )
+    redop = name.str.extract(_REDOP_RE, 1).str.to_lowercase().replace_strict(
+        _REDOPS, default=None, return_dtype=pl.String
+    )
+    dtype = name.str.extract(_REDOP_RE, 2)
+    return [
+        op.alias("op"), algo.alias("algorithm"), proto.alias("protocol"),
+        redop.alias("redop"), dtype.alias("dtype"),
+    ]
+
+
+def parse_kernel_names(names: pl.Series | list[str]) -> pl.DataFrame:
+    """``name, op, algorithm, protocol, redop, dtype`` for each kernel name."""
+    return pl.DataFrame({"name": pl.Series(names, dtype=pl.String)}).with_columns(
+        kernel_fields("name")
+    )
+
+
+def api_op(col: str = "name") -> pl.Expr:
+    """The op an NCCL API range name issues (``ncclBcast`` -> Broadcast), else null."""
+    return pl.col(col).str.extract(_API_OP_RE, 1).replace(_OP_ALIASES)
+
+
+def busbw_factor(op: str, n_ranks: int | None) -> float | None:
+    """nccl-tests bus-bandwidth factor of ``op`` on ``n_ranks`` ranks (None when n unknown
+    for an op that needs it)."""
+    kind = _BUS_FACTOR.get(op)
+    if kind is None:
+        return 1.0
+    if not n_ranks or n_ranks < 1:
+        return None
+    return (2.0 if kind == "2(n-1)/n" else 1.0) * (n_ranks - 1) / n_ranks
+
+
+def _busbw_factor_expr(op: pl.Expr, n: pl.Expr) -> pl.Expr:
+    n = n.cast(pl.Float64)
+    expr = pl.lit(1.0)
+    for o, kind in _BUS_FACTOR.items():
+        scale = 2.0 if kind == "2(n-1)/n" else 1.0
+        expr = pl.when(op == o).then(
+            pl.when(n >= 1).then(scale * (n - 1) / n)
+        ).otherwise(expr)
+    return expr
+
+
+def algbw_expr(op: pl.Expr, nbytes: pl.Expr, n: pl.Expr, dur: pl.Expr) -> pl.Expr:
+    """nccl-tests algorithm bandwidth in GB/s (bytes per ns)."""
+    size = pl.when(op.is_in(_SIZE_TIMES_N)).then(nbytes * n).otherwise(nbytes)
+    return pl.when(dur > 0).then(size.cast(pl.Float64) / dur.cast(pl.Float64))
+
+
+def _with_bandwidth(df: pl.DataFrame | pl.LazyFrame):
+    """Add ``algbw_gbps`` and ``busbw_gbps`` from ``op, bytes, n_ranks, duration_ns``."""
+    op, n = pl.col("op"), pl.col("n_ranks")
+    algbw = algbw_expr(op, pl.col("bytes"), n, pl.col("duration_ns"))
+    return df.with_columns(algbw.alias("algbw_gbps")).with_columns(
+        (pl.col("algbw_gbps") * _busbw_factor_expr(op, n)).alias("busbw_gbps"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Params
+# ---------------------------------------------------------------------------------------------
+#: nominal per-direction NVLink bandwidth (GB/s) by GPU name: an upper bound for busbw on one
+#: node. Checked in order; "PCIE" boards get PCIe 4 x16.
+NOMINAL_LINK_GBPS = (
+    ("PCIE", 25.0), ("B200", 900.0), ("B100", 900.0), ("GB200", 900.0), ("H800", 200.0),
+    ("H100", 450.0), ("H200", 450.0), ("A800", 200.0), ("A100", 300.0), ("V100", 150.0),
+)
+
+
+@dataclass(frozen=True)
+class NcclParams:
+    n_ranks: int | None = None  # ranks per communicator, when the profile does not say
+    size_buckets: tuple[int, ...] = (65536, 1 << 20, 16 << 20, 256 << 20)  # bytes
+    exposed_warn_frac: float = 0.10  # exposed NCCL / device span: warning
+    exposed_critical_frac: float = 0.25
+    min_bw_bytes: int = 1 << 20  # only ops at least this large judge bandwidth
+    low_busbw_gbps: float = 10.0  # median busbw below: warning (below 2 GB/s: critical)
+    link_gbps: float | None = None  # peak busbw of the links; None = nominal from GPU name
+    low_link_frac: float = 0.25  # median busbw below this share of the link: warning
+
+    def __post_init__(self) -> None:
+        if self.n_ranks is not None and self.n_ranks < 1:
+            raise ConfigError(f"nccl.n_ranks must be >= 1, got {self.n_ranks}")
+        if list(self.size_buckets) != sorted(set(self.size_buckets)) or any(
+            b <= 0 for b in self.size_buckets
+        ):
+            raise ConfigError("nccl.size_buckets must be positive and strictly increasing")
+        if not 0 < self.exposed_warn_frac <= self.exposed_critical_frac <= 1:
+            raise ConfigError("nccl: need 0 < exposed_warn_frac <= exposed_critical_frac <= 1")
+        if self.link_gbps is not None and self.link_gbps <= 0:
+            raise ConfigError(f"nccl.link_gbps must be positive, got {self.link_gbps}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass
+# ---------------------------------------------------------------------------------------------
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def _bucket_exprs(edges: tuple[int, ...]) -> tuple[pl.Expr, pl.Expr]:
+    """``size_bucket`` label and ``bucket_min_bytes`` of the ``bytes`` column."""
+    b = pl.col("bytes")
+    label: pl.Expr = pl.lit(f">={_fmt_bytes(edges[-1])}")
+    low: pl.Expr = pl.lit(edges[-1], pl.Int64)
+    bounds = [0, *edges]
+    for i in range(len(edges) - 1, -1, -1):
+        lo, hi = bounds[i], bounds[i + 1]
+        text = f"<{_fmt_bytes(hi)}" if i == 0 else f"{_fmt_bytes(lo)}-{_fmt_bytes(hi)}"
+        label = pl.when(b < hi).then(pl.lit(text)).otherwise(label)
+        low = pl.when(b < hi).then(pl.lit(lo, pl.Int64)).otherwise(low)
+    missing = b.is_null()
+    return (
+        pl.when(missing).then(pl.lit("unknown")).otherwise(label).alias("size_bucket"),
+        pl.when(missing).then(None).otherwise(low).alias("bucket_min_bytes"),
+    )
+
+
+def _world_size(trace: Trace) -> int | None:
+    from nsysan.multirank.ranks import env_of_trace, world_size_from_env
+
+    return world_size_from_env(env_of_trace(trace))
+
+
+def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
+    """Per launch ``(global_pid, correlation_id)``: the NCCL API ranges that issued it."""
+    nvtx = trace.frame("nvtx")
+    out_schema = {"global_pid": pl.Int64, "correlation_id": pl.Int64, "nvtx_range": pl.String,
+                  "nvtx_op": pl.String, "bytes": pl.Int64, "comm_id": pl.String}
+    if nvtx.is_empty():
+        return pl.LazyFrame(schema=out_schema)
+    ranges = (
+        nvtx.lazy()
+        .filter(pl.col("style") != "mark")
+        .with_columns(api_op().alias("_op"))
+        .filter(pl.col("_op").is_not_null())
+        .select(
+            "global_tid", "start_ns", "name", "_op",
+            pl.col("payload_json").str.extract(_MSG_SIZE_RE, 1).cast(pl.Int64).alias("_bytes"),
+            pl.col("payload_json").str.extract(_COMM_ID_RE, 1).alias("_comm"),
+        )
+        .sort("start_ns")
+    )
+    # Each range goes to the first NCCL launch on its thread that ends at or after its start.
+    per_launch = (
+        ranges.join_asof(
+            launches.select("global_tid", "global_pid", "correlation_id", "api_end_ns")
+            .sort("api_end_ns"),
+            left_on="start_ns", right_on="api_end_ns", by="global_tid", strategy="forward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("correlation_id").is_not_null())
+        .group_by("global_pid", "correlation_id")
+        .agg(
+            pl.col("name").unique().sort().str.join("+").alias("nvtx_range"),
+            pl.col("_op").unique().sort().alias("_ops"),
+            pl.col("_bytes").filter(pl.col("_op") == "Send").sum().alias("_send_bytes"),
+            pl.col("_bytes").sum().alias("_all_bytes"),
+            pl.col("_bytes").is_not_null().any().alias("_has_bytes"),
+            pl.col("_comm").drop_nulls().first().alias("comm_id"),
+        )
+    )
+    ops = pl.col("_ops")
+    p2p_only = ops.list.set_difference(pl.lit(["Send", "Recv"])).list.len() == 0
+    nvtx_op = (
+        pl.when(ops.list.len() == 1).then(ops.list.first())
+        .when(p2p_only).then(pl.lit("SendRecv"))
+    )
+    nbytes = pl.when(~pl.col("_has_bytes")).then(None).when(
+        p2p_only & ops.list.contains("Send")
+    ).then(pl.col("_send_bytes")).otherwise(pl.col("_all_bytes"))
+    return per_launch.select(
+        "global_pid", "correlation_id", "nvtx_range", nvtx_op.alias("nvtx_op"),
+        nbytes.cast(pl.Int64).alias("bytes"), "comm_id",
+    )
+
+
+def _n_ranks(trace: Trace, params: NcclParams, kernels: pl.DataFrame) -> pl.DataFrame:
+    """``pid, n_ranks`` for every process with NCCL kernels."""
+    pids = kernels.select("pid").unique()
+    if params.n_ranks is not None:
+        return pids.with_columns(pl.lit(params.n_ranks, pl.Int64).alias("n_ranks"))
+    nvtx = trace.frame("nvtx")
+    from_payload = (
+        nvtx.lazy()
+        .filter(pl.col("name").str.contains(_COMM_INIT_RE).fill_null(False))
+        .select("pid", pl.col("payload_json").str.extract(_N_RANKS_RE, 1).cast(pl.Int64)
+                .alias("_n"))
+        .group_by("pid")
+        .agg(pl.col("_n").max())
+        .collect()
+    )
+    fallback = _world_size(trace)
+    if fallback is None and pids.height > 1:
+        fallback = pids.height
+    return pids.join(from_payload, on="pid", how="left").select(
+        "pid", pl.coalesce("_n", pl.lit(fallback, pl.Int64)).alias("n_ranks")
+    )
+
+
+def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The NCCL table of ``trace`` (schema `schemas.NCCL`)."""
+    # start 0 is CUPTI's "timestamp unknown" (the overlap and gaps passes drop it too)
+    ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)
+    kern = ops.filter((pl.col("op_class") == "nccl") & (pl.col("end_ns") >= pl.col("start_ns")))
+    if kern.is_empty():
+        return schemas.empty(schemas.NCCL)
+    kern = kern.select(
+        "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+        pl.col("name").alias("kernel_name"),
+    )
+    names = parse_kernel_names(kern["kernel_name"].unique()).rename(
+        {"name": "kernel_name", "op": "kernel_op"}
+    )
+    api = trace.frame("cuda_api")
+    launches = (
+        kern.lazy()
+        .select("global_pid", "correlation_id")
+        .unique()
+        .join(
+            api.lazy().select(
+                "global_pid", "correlation_id", "global_tid",
+                pl.col("name").alias("api_name"), pl.col("start_ns").alias("api_start_ns"),
+                pl.col("end_ns").alias("api_end_ns"),
+            ),
+            on=["global_pid", "correlation_id"], how="inner",
+        )
+        .unique(["global_pid", "correlation_id"], keep="first")
+    )
+    issued = _issued_by(trace, launches)
+    compute = ops.lazy().filter(pl.col("op_class") == "compute").select(
+        "device_id", "start_ns", "end_ns"
+    )
+    n_ranks = _n_ranks(trace, params, kern)
+    dur = pl.col("end_ns") - pl.col("start_ns")
+    op = pl.coalesce("nvtx_op", "kernel_op", pl.lit("Generic"))
+    table = (
+        iv.covered(kern, compute, by=["device_id"])
+        .join(names.lazy(), on="kernel_name", how="left")
+        .join(launches.drop("global_tid", "api_end_ns"), on=["global_pid", "correlation_id"],
+              how="left")
+        .join(issued, on=["global_pid", "correlation_id"], how="left")
+        .join(n_ranks.lazy(), on="pid", how="left")
+        .sort("pid", "device_id", "stream_id", "start_ns", "end_ns")
+        .with_columns(
+            pl.lit(trace.trace_id).alias("trace_id"),
+            op.alias("op"),
+            pl.when(pl.col("nvtx_op").is_not_null()).then(pl.lit("nvtx"))
+            .otherwise(pl.lit("kernel")).alias("op_source"),
+            dur.alias("duration_ns"),
+            (dur - pl.col("covered_ns")).alias("exposed_ns"),
+            pl.int_range(pl.len(), dtype=pl.Int64).over("pid", "device_id", "stream_id")
+            .alias("seq"),
+        )
+        .pipe(_with_bandwidth)
+        .collect()
+    )
+    if steps is not None and not steps.is_empty():
+        win = steps.select("step", pl.col("start_ns").alias("_ss"), pl.col("end_ns").alias("_se"))
+        table = (
+            table.sort("start_ns")
+            .join_asof(win.sort("_ss"), left_on="start_ns", right_on="_ss", strategy="backward")
+            .with_columns(
+                pl.when(pl.col("start_ns") < pl.col("_se")).then(pl.col("step")).alias("step")
+            )
+            .sort("pid", "device_id", "stream_id", "start_ns", "end_ns")
+        )
+    return schemas.conform(table, schemas.NCCL)
+
+
+def summarize(table: pl.DataFrame, params: NcclParams, trace_id: str) -> pl.DataFrame:
+    """Per op and message-size bucket (schema `schemas.NCCL_SUMMARY`)."""
+    if table.is_empty():
+        return schemas.empty(schemas.NCCL_SUMMARY)
+    label, low = _bucket_exprs(params.size_buckets)
+    dur = pl.col("duration_ns")
+    out = (
+        table.lazy()
+        .with_columns(label, low)
+        .group_by("op", "size_bucket", "bucket_min_bytes")
+        .agg(
+            pl.len().cast(pl.Int64).alias("n_ops"),
+            dur.sum().alias("total_ns"),
+            dur.mean().alias("mean_ns"),
+            dur.median().alias("median_ns"),
+            dur.max().alias("max_ns"),
+            pl.col("exposed_ns").sum(),
+            pl.col("bytes").sum().alias("total_bytes"),
+            pl.col("bytes").is_not_null().any().alias("_known"),
+            pl.col("algbw_gbps").median(),
+            pl.col("busbw_gbps").median(),
+        )
+        .with_columns(
+            pl.lit(trace_id).alias("trace_id"),
+            pl.when(pl.col("total_ns") > 0)
+            .then(pl.col("exposed_ns") / pl.col("total_ns")).alias("exposed_frac"),
+            pl.when(pl.col("_known")).then(pl.col("total_bytes")).alias("total_bytes"),
+        )
+        .sort("op", pl.col("bucket_min_bytes").fill_null(-1))
+        .collect()
+    )
+    return schemas.conform(out, schemas.NCCL_SUMMARY)
+
+
+def nominal_link_gbps(gpu_names: list[str]) -> float | None:
+    """Nominal per-direction link bandwidth of the slowest listed GPU (None if unknown)."""
+    found = []
+    for name in gpu_names:
+        upper = (name or "").upper()
+        for key, gbps in NOMINAL_LINK_GBPS:
+            if key in upper:
+                found.append(gbps)
+                break
+    return min(found) if found else None
+
+
+def with_default_ranks(table: pl.DataFrame, n_ranks: int | None) -> pl.DataFrame:
+    """Fill unknown ``n_ranks`` with ``n_ranks`` (e.g. a job's rank count) and recompute the
+    bandwidths."""
+    if n_ranks is None or table.is_empty() or table["n_ranks"].null_count() == 0:
+        return table
+    return _with_bandwidth(table.with_columns(pl.col("n_ranks").fill_null(n_ranks)))
+
+
+def nccl_findings(trace: Trace, table: pl.DataFrame, params: NcclParams,
+                  metrics: dict[str, Any] | None = None) -> list[Finding]:
+    """EXPOSED_COMMUNICATION per device and NCCL_LOW_BANDWIDTH (see `NcclParams`)."""
+    out: list[Finding] = []
+    metrics = metrics or {}
+    if table.is_empty():
+        return out
+    ops = trace.frame("gpu_ops")
+    spans = (
+        ops.group_by("device_id")
+        .agg((pl.col("end_ns").max() - pl.col("start_ns").min()).alias("span_ns"))
+    )
+    per_dev = (
+        table.group_by("device_id")
+        .agg(pl.col("exposed_ns").sum(), pl.col("duration_ns").sum().alias("nccl_ns"),
+             pl.len().alias("n_ops"))
+        .join(spans, on="device_id", how="left")
+        .sort("device_id")
+    )
+    for row in per_dev.iter_rows(named=True):  # one row per device, not per event
+        span = row["span_ns"] or 0
+        frac = row["exposed_ns"] / span if span > 0 else 0.0
+        if frac < params.exposed_warn_frac:
+            continue
+        sev = "critical" if frac >= params.exposed_critical_frac else "warning"
+        hidden = 1 - row["exposed_ns"] / row["nccl_ns"] if row["nccl_ns"] else 0.0
+        out.append(Finding(
+            code="EXPOSED_COMMUNICATION", severity=sev, layer="communication",
+            title="Exposed communication (NCCL not overlapped with compute)",
+            message=(
+                f"Device {row['device_id']}: {row['n_ops']} NCCL operations leave "
+                f"{row['exposed_ns'] / 1e6:.1f} ms exposed (no compute beside them), "
+                f"{frac:.0%} of the device's {span / 1e6:.1f} ms span; only {hidden:.0%} of "
+                "NCCL time is hidden behind compute."
+            ),
+            evidence={"exposed_ns": row["exposed_ns"], "span_ns": span, "exposed_frac": frac,
+                      "nccl_ns": row["nccl_ns"], "hidden_frac": hidden,
+                      "exposed_per_step_ns": metrics.get("exposed_per_step_ns")},
+            device_id=row["device_id"],
+        ))
+    sized = table.filter(
+        pl.col("busbw_gbps").is_not_null() & (pl.col("bytes") >= params.min_bw_bytes)
+    )
+    if not sized.is_empty():
+        median = float(sized["busbw_gbps"].median())  # type: ignore[arg-type]
+        link = params.link_gbps or nominal_link_gbps(trace.frame("gpus")["name"].to_list())
+        low_abs = median < params.low_busbw_gbps
+        low_rel = link is not None and median < params.low_link_frac * link
+        if low_abs or low_rel:
+            sev = "critical" if median < 2.0 else "warning"
+            vs = f" against a nominal {link:.0f} GB/s link" if link else ""
+            out.append(Finding(
+                code="NCCL_LOW_BANDWIDTH", severity=sev, layer="communication",
+                title="Low NCCL bus bandwidth",
+                message=(
+                    f"Median bus bandwidth of {sized.height} NCCL operations of at least "
+                    f"{_fmt_bytes(params.min_bw_bytes)} is {median:.1f} GB/s{vs}. Durations "
+                    "include waiting for late ranks; if ranks span nodes compare with the "
+                    "network bandwidth instead (set nccl.link_gbps)."
+                ),
+                evidence={"median_busbw_gbps": median, "n_ops": sized.height,
+                          "link_gbps": link, "min_bytes": params.min_bw_bytes},
+            ))
+    return out
+
+
+def run(trace: Trace, params: NcclParams, results: Results) -> PassResult:
+    steps_res = results.get("steps")
+    steps = steps_res.tables.get("steps") if steps_res is not None else None
+    table = nccl_ops(trace, params, steps)
+    summary = summarize(table, params, trace.trace_id)
+    metrics: dict[str, Any] = {"n_ops": table.height}
+    if not table.is_empty():
+        ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)
+        nccl_union = iv.union(table.select("device_id", "start_ns", "end_ns"), ["device_id"])
+        compute = ops.filter(pl.col("op_class") == "compute").select(
+            "device_id", "start_ns", "end_ns"
+        )
+        union_exposed = (
+            iv.covered(nccl_union, compute, by=["device_id"])
+            .select((pl.col("end_ns") - pl.col("start_ns") - pl.col("covered_ns")).sum())
+            .collect()
+            .item()
+        )
+        metrics.update(
+            nccl_ns=int(table["duration_ns"].sum()),
+            exposed_sum_ns=int(table["exposed_ns"].sum()),
+            exposed_nccl_ns=int(union_exposed),
+            ops=dict(table.group_by("op").len().sort("op").iter_rows()),
+            op_sources=dict(table.group_by("op_source").len().sort("op_source").iter_rows()),
+            bytes_known=bool(table["bytes"].is_not_null().any()),
+        )
+        per_step = table.filter(pl.col("step").is_not_null())
+        if not per_step.is_empty():
+            metrics["exposed_per_step_ns"] = float(
+                per_step.group_by("step").agg(pl.col("exposed_ns").sum())["exposed_ns"].median()
+            )  # type: ignore[arg-type]
+    findings = nccl_findings(trace, table, params, metrics)
+    return PassResult(
+        tables={"nccl": table, "nccl_summary": summary}, findings=findings, metrics=metrics
+    )
+
+
+SPEC = PassSpec(
+    name="nccl",
+    description="NCCL collectives and point-to-point ops: op, size, bandwidth, exposed time",
+    params=NcclParams,
+    tables={"nccl": schemas.NCCL, "nccl_summary": schemas.NCCL_SUMMARY},
+    run=run,
+    after=("steps",),
+)
