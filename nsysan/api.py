@@ -1,0 +1,175 @@
+"""The library entry points behind ``nsysan analyze``: run passes on a trace, write outputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from nsysan.errors import ConfigError
+from nsysan.frames.trace import Trace
+from nsysan.passes import registry
+from nsysan.passes.base import Finding, PassResult
+
+
+@dataclass
+class AnalysisResult:
+    """Everything one analysis produced: tables (polars), findings, metrics, provenance."""
+
+    trace: Trace
+    results: dict[str, PassResult]
+    params: dict[str, Any]
+    timings_s: dict[str, float] = field(default_factory=dict)
+    diagnosis: Any = None  # nsysan.findings.Diagnosis when findings ran
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trace_id(self) -> str:
+        return self.trace.trace_id
+
+    @property
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return {name: df for r in self.results.values() for name, df in r.tables.items()}
+
+    def table(self, name: str) -> pl.DataFrame:
+        tables = self.tables
+        if name not in tables:
+            raise KeyError(f"no table {name!r}; have: {', '.join(tables)}")
+        return tables[name]
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return {f"{p}.{k}": v for p, r in self.results.items() for k, v in r.metrics.items()}
+
+    @property
+    def findings(self) -> list[Finding]:
+        if self.diagnosis is not None:
+            return list(self.diagnosis.findings)
+        return [f for r in self.results.values() for f in r.findings]
+
+
+def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None) -> Trace:
+    if isinstance(path_or_trace, Trace):
+        return path_or_trace
+    from nsysan.load import open_trace
+
+    return open_trace(path_or_trace, nsys=nsys)
+
+
+def analyze(
+    path_or_trace: str | os.PathLike[str] | Trace,
+    *,
+    passes: Iterable[str] | None = None,
+    settings: Mapping[str, str] | None = None,
+    samples_per_step: float | None = None,
+    tokens_per_step: float | None = None,
+    nsys: str | None = None,
+    findings: bool = True,
+) -> AnalysisResult:
+    """Run the selected passes (default: all default passes) on one trace.
+
+    ``settings`` are ``{"PASS.PARAM": "VALUE"}`` overrides as given to ``--set``.
+    """
+    specs = registry.resolve(passes)
+    params = registry.build_params(specs, settings)
+    per_step = (("samples_per_step", samples_per_step), ("tokens_per_step", tokens_per_step))
+    for name, value in per_step:
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    t0 = time.perf_counter()
+    trace = _open(path_or_trace, nsys)
+    timings = {"open": time.perf_counter() - t0}
+    if not trace.has("gpu_ops") and not trace.has("cuda_api"):
+        from nsysan.errors import SchemaError
+
+        raise SchemaError(
+            f"{trace.meta.path}: no CUDA activity tables (CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/"
+            "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
+        )
+    results: dict[str, PassResult] = {}
+    for spec in specs:
+        t = time.perf_counter()
+        results[spec.name] = spec.run(trace, params[spec.name], results)
+        timings[spec.name] = time.perf_counter() - t
+    out = AnalysisResult(
+        trace=trace,
+        results=results,
+        params=params,
+        timings_s=timings,
+        options={"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step},
+    )
+    if findings:
+        t = time.perf_counter()
+        out.diagnosis = _diagnose(out)
+        timings["findings"] = time.perf_counter() - t
+    return out
+
+
+def _diagnose(result: AnalysisResult) -> Any:
+    try:
+        from nsysan.findings import diagnose
+    except ImportError:  # findings package not installed in this build
+        return None
+    return diagnose(result.trace, result.results, **{
+        k: v for k, v in result.options.items() if v is not None
+    })
+
+
+def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Path:
+    """Write every table and report of ``result`` into ``out_dir/<trace_id>/``, atomically.
+
+    Files are written into a temporary sibling directory that is renamed into place at the
+    end, so a crash never leaves a directory that looks complete.
+    """
+    from nsysan.report.parquet import write_tables
+
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / result.trace_id
+    tmp = Path(tempfile.mkdtemp(prefix=f".{result.trace_id}.tmp-", dir=root))
+    # mkdtemp makes the directory private (0700); outputs are ordinary files for their readers.
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    try:
+        t = time.perf_counter()
+        schemas = {n: s for r in registry.resolve(result.results) for n, s in r.tables.items()}
+        write_tables(result.tables, tmp, schemas)
+        result.timings_s["write_parquet"] = time.perf_counter() - t
+        _write_reports(result, tmp)
+        if final.exists():
+            old = root / f".{result.trace_id}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_reports(result: AnalysisResult, out_dir: Path) -> None:
+    try:
+        from nsysan.report.write import write_report
+    except ImportError:
+        return
+    write_report(out_dir, result)
+
+
+def analyze_to_dir(
+    path_or_trace: str | os.PathLike[str] | Trace,
+    out_dir: str | os.PathLike[str],
+    **kwargs: Any,
+) -> tuple[AnalysisResult, Path]:
+    """`analyze` then `write_outputs`: what ``nsysan analyze TRACE -o OUT`` does per trace."""
+    result = analyze(path_or_trace, **kwargs)
+    return result, write_outputs(result, out_dir)

@@ -1,0 +1,218 @@
+"""``nsysan analyze`` and ``nsysan passes``: run the passes, write tables and findings."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nsysan.errors import ConfigError, NsysanError
+from nsysan.passes.base import SEVERITIES
+
+#: Exit status when a finding at or above ``--fail-on`` exists (1 = error, 2 = usage).
+EXIT_FINDINGS = 3
+
+
+def _parse_settings(values: tuple[str, ...]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"--set {item!r}: expected PASS.PARAM=VALUE, e.g. gaps.min_gap_ns=500000"
+            )
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def _parse_passes(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [p.strip() for p in value.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--passes is empty; give a comma-separated list, e.g. gaps,kernels")
+    return names
+
+
+def _fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "n/a"
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    return f"{ns / 1e3:.1f} µs"
+
+
+def summary_line(result: Any, out: Path | None) -> str:
+    """One line per trace for logs: verdict, busy %, steps, findings by severity."""
+    parts = [result.trace_id]
+    diag = result.diagnosis
+    if diag is not None:
+        parts.append(f"verdict {diag.verdict.label}")
+    metrics = result.metrics
+    busy = metrics.get("overlap.gpu_busy_frac", metrics.get("gaps.gpu_busy_frac"))
+    if busy is not None:
+        parts.append(f"GPU busy {100 * busy:.1f}%")
+    n_steps = metrics.get("steps.n_steps")
+    if n_steps:
+        parts.append(f"{n_steps} steps, mean {_fmt_ns(metrics.get('steps.step_mean_ns'))}")
+    if diag is not None:
+        counts = {s: sum(f.severity == s for f in diag.findings) for s in reversed(SEVERITIES)}
+        found = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        parts.append(f"findings: {found or 'none'}")
+    text = "; ".join(parts)
+    return f"{text} -> {out}" if out is not None else text
+
+
+def _fails(result: Any, fail_on: str | None) -> bool:
+    if fail_on is None or result.diagnosis is None:
+        return False
+    return bool(result.diagnosis.codes(fail_on))
+
+
+@click.command("analyze")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out", type=click.Path(file_okay=False, path_type=Path),
+              required=True, help="Output directory; each trace writes OUT/<trace_id>/.")
+@click.option("--passes", "passes", default=None,
+              help="Comma-separated passes to run (default: the default passes; "
+              "see `nsysan passes`).")
+@click.option("--set", "settings", multiple=True, metavar="PASS.PARAM=VALUE",
+              help="Override a pass parameter, e.g. --set gaps.min_gap_ns=500000 (repeatable).")
+@click.option("--fail-on", type=click.Choice(list(SEVERITIES)), default=None,
+              help=f"Exit {EXIT_FINDINGS} when a finding at or above this severity exists.")
+@click.option("--samples-per-step", type=float, default=None,
+              help="Samples per step, for throughput in the baseline.")
+@click.option("--tokens-per-step", type=float, default=None,
+              help="Tokens per step, for throughput in the baseline.")
+@click.option("--job", is_flag=True, default=False,
+              help="Treat the traces as the ranks of one job (multi-rank analysis).")
+@click.option("--rank-map", default=None, metavar="FILE=RANK,...",
+              help="With --job: explicit ranks, e.g. a.sqlite=0,b.sqlite=1.")
+@click.option("--nsys", type=click.Path(path_type=Path), default=None,
+              help="The nsys binary used to export .nsys-rep/.qdrep inputs.")
+@click.option("-q", "--quiet", is_flag=True, default=False, help="No progress display.")
+def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
+                settings: tuple[str, ...], fail_on: str | None, samples_per_step: float | None,
+                tokens_per_step: float | None, job: bool, rank_map: str | None,
+                nsys: Path | None, quiet: bool) -> None:
+    """Analyze traces: write Parquet tables, findings.md/json, pictures and a manifest.
+
+    Prints one summary line per trace. Exit status: 0 ok, 1 an input failed, 2 usage,
+    3 a finding at or above --fail-on.
+    """
+    from nsysan.api import analyze, write_outputs
+    from nsysan.passes import registry
+
+    selected = _parse_passes(passes)
+    parsed = _parse_settings(settings)
+    # Validate passes and parameters once, before any trace is opened.
+    registry.build_params(registry.resolve(selected), parsed)
+    if job:
+        _analyze_job(traces, out, rank_map, nsys, fail_on)
+        return
+    if rank_map:
+        raise click.UsageError("--rank-map needs --job")
+    failed = 0
+    failing_findings = False
+    show_progress = (not quiet and sys.stderr.isatty() and len(traces) > 1
+                     and not os.environ.get("CI"))
+    progress = _Progress(len(traces)) if show_progress else None
+    for path in traces:
+        try:
+            result = analyze(path, passes=selected, settings=parsed,
+                             samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                             nsys=str(nsys) if nsys else None)
+            target = write_outputs(result, out)
+        except ConfigError:
+            raise  # a usage mistake applies to every trace: stop at once
+        except NsysanError as exc:
+            failed += 1
+            click.echo(f"Error: {path}: {' '.join(str(exc).split())}", err=True)
+        else:
+            click.echo(summary_line(result, target))
+            failing_findings |= _fails(result, fail_on)
+        if progress is not None:
+            progress.advance()
+    if progress is not None:
+        progress.close()
+    if failed:
+        sys.exit(1)
+    if failing_findings:
+        sys.exit(EXIT_FINDINGS)
+
+
+def _analyze_job(traces: tuple[Path, ...], out: Path, rank_map: str | None,
+                 nsys: Path | None, fail_on: str | None) -> None:
+    try:
+        from nsysan.multirank import analyze_job, write_job_outputs
+    except ImportError as exc:  # pragma: no cover - the package is part of nsysan
+        raise ConfigError(f"multi-rank analysis is unavailable: {exc}") from None
+    mapping: dict[str, int] | None = None
+    if rank_map:
+        mapping = {}
+        for item in rank_map.split(","):
+            name, sep, rank = item.rpartition("=")
+            if not sep or not rank.strip().isdigit():
+                raise ConfigError(f"--rank-map {item!r}: expected FILE=RANK")
+            mapping[name.strip()] = int(rank)
+    job = analyze_job(list(traces), rank_map=mapping, nsys=str(nsys) if nsys else None)
+    target = write_job_outputs(job, out / f"job_{job.job_id}")
+    counts = {s: sum(f.severity == s for f in job.findings) for s in reversed(SEVERITIES)}
+    found = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none"
+    click.echo(f"job {job.job_id}: {job.ranks.height} ranks, {job.collectives.height} matched "
+               f"collective rows; findings: {found} -> {target}")
+    for note in job.notes:
+        click.echo(f"note: {note}", err=True)
+    if fail_on and any(SEVERITIES.index(f.severity) >= SEVERITIES.index(fail_on)
+                       for f in job.findings):
+        sys.exit(EXIT_FINDINGS)
+
+
+class _Progress:
+    """A rich progress bar on a terminal (never in CI logs)."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self._progress = Progress("[progress.description]{task.description}", BarColumn(),
+                                  MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+        self._progress.start()
+        self._task = self._progress.add_task("analyzing", total=total)
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+@click.command("passes")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def passes_cmd(as_json: bool) -> None:
+    """List the passes, their parameters with defaults, and their output tables."""
+    from nsysan.passes.registry import describe
+
+    info = describe()
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    for p in info:
+        default = "" if p["default"] else " (not run by default)"
+        click.echo(f"{p['name']}{default}: {p['description']}")
+        click.echo(f"  tables: {', '.join(p['tables'])}")
+        if p["requires"]:
+            click.echo(f"  requires: {', '.join(p['requires'])}")
+        for k, v in p["params"].items():
+            click.echo(f"  --set {p['name']}.{k}={_render(v)}")
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
