@@ -146,4 +146,6 @@ def open_trace(
         notes=[*info["notes"], *partial],
     )
     adapter.meta = meta
-    return Trace(meta, adapter.build)
+    trace = Trace(meta, adapter.build)
+    adapter.frame = trace.frame
+    return trace

@@ -104,6 +104,17 @@ SYNC_TYPES: dict[int, str] = {
     3: "stream_sync",
     4: "context_sync",
 }
+#: sync type from the synchronizing API's name. nsys 2020–2023 exports number ``syncType``
+#: one off from their own ENUM_CUPTI_SYNC_TYPE labels (cudaDeviceSynchronize is stored as 1,
+#: cudaEventSynchronize as 2, cudaStreamSynchronize and cudaStreamWaitEvent both as 3) while
+#: newer exports follow the labels, so the API name is the reliable source; the enum is the
+#: fallback for rows whose API call is not in the trace.
+SYNC_TYPE_BY_API: tuple[tuple[str, str], ...] = (
+    ("context_sync", r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchronize)"),
+    ("stream_wait_event", r"^cu(da)?StreamWaitEvent"),
+    ("stream_sync", r"^(cudaStreamSynchronize|cuStreamSynchronize|cudaStreamQuery|cuStreamQuery)"),
+    ("event_sync", r"^(cudaEventSynchronize|cuEventSynchronize|cudaEventQuery|cuEventQuery)"),
+)
 #: CUPTI's "not applicable" marker in id columns (e.g. streamId of a context synchronization)
 CUPTI_INVALID_ID = 0xFFFFFFFF
 
@@ -178,6 +189,9 @@ class Adapter:
     #: filled in by `open_trace`; frames read the session end from it and add notes to it
     meta: TraceMeta | None = None
     _strings: pl.DataFrame | None = field(default=None, repr=False)
+    #: the owning Trace's cached frame getter (set by `open_trace`), so a frame that needs
+    #: another frame (sync needs cuda_api) reuses it instead of reading the source twice
+    frame: Callable[[str], pl.DataFrame] | None = field(default=None, repr=False)
 
     @property
     def duration_ns(self) -> int | None:
@@ -456,7 +470,30 @@ class Adapter:
             correlation_id="correlationId",
             sync_type=pl.col("sync_type").fill_null(pl.lit("unknown")),
         )
+        df = self._sync_type_from_api(df)
         return self.finish(df.sort("start_ns", "end_ns", maintain_order=True), schemas.SYNC)
+
+    def _sync_type_from_api(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Replace the enum-derived sync type by the one the synchronizing API names."""
+        if df.is_empty() or self.frame is None or not self.has(RUNTIME):
+            return df
+        api = self.frame("cuda_api").select("global_pid", "correlation_id", "name")
+        by_api = pl.lit(None, dtype=pl.String)
+        for label, pattern in reversed(SYNC_TYPE_BY_API):
+            by_api = pl.when(pl.col("name").str.contains(pattern)).then(pl.lit(label)).otherwise(
+                by_api
+            )
+        api = api.join(
+            df.select("global_pid", "correlation_id").unique(),
+            on=["global_pid", "correlation_id"],
+            how="semi",
+        ).select("global_pid", "correlation_id", by_api.alias("_by_api"))
+        api = api.unique(["global_pid", "correlation_id"], keep="first", maintain_order=True)
+        return (
+            df.join(api, on=["global_pid", "correlation_id"], how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_by_api", "sync_type").alias("sync_type"))
+            .drop("_by_api")
+        )
 
     def osrt(self) -> pl.DataFrame | None:
         if not self.has("OSRT_API"):
