@@ -133,7 +133,9 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             raise  # a usage mistake applies to every trace: stop at once
         except NsysanError as exc:
             failed += 1
-            click.echo(f"Error: {path}: {' '.join(str(exc).split())}", err=True)
+            message = " ".join(str(exc).split())
+            where = "" if str(path) in message else f"{path}: "
+            click.echo(f"Error: {where}{message}", err=True)
         else:
             click.echo(summary_line(result, target))
             failing_findings |= _fails(result, fail_on)

@@ -56,6 +56,21 @@ class AttributionParams:
     keep_empty_ranges: bool = True
     #: Layers listed in the ``top_layers`` metric.
     top_n: int = 5
+    #: Group range names into layers by their stable part: standalone numbers become ``N``
+    #: (``step 12`` → ``step N``, ``layers.3.mlp`` → ``layers.N.mlp``; ``conv2d`` is kept) and
+    #: PyTorch's ``, seq = …, op_id = …, sizes = …`` suffixes are dropped
+    #: (``aten::mm, op_id = 7`` → ``aten::mm``). False keeps every distinct name as a layer.
+    group_numbered: bool = True
+
+
+def layer_name(name: pl.Expr) -> pl.Expr:
+    """The layer a range name belongs to (see `AttributionParams.group_numbered`)."""
+    base = (
+        pl.when(name.str.contains(r"^[A-Za-z_][\w:.<>]*, \w+ ="))
+        .then(name.str.extract(r"^([^,]+),", 1))
+        .otherwise(name)
+    )
+    return base.str.replace_all(r"\b\d+\b", "N")
 
 
 def eligible_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
@@ -171,7 +186,8 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .select("op_id", "range_id", "device_id", "start_ns", "end_ns")
         .collect()
     )
-    layer_keys = ranges.select("range_id", "domain", "name")
+    layer_of = layer_name(pl.col("name")) if params.group_numbered else pl.col("name")
+    layer_keys = ranges.select("range_id", "domain", layer_of.alias("name"))
     inc_named = inc.join(layer_keys, on="range_id")
 
     proj = inc.lazy().group_by("range_id").agg(
@@ -228,7 +244,8 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     total_gpu = int(total_df["busy_ns"].sum())
     attributed = int(owned_u_df["busy_ns"].sum())
     layers = (
-        attribution.group_by("domain", "name")
+        attribution.select("domain", layer_of.alias("name"), "exclusive_gpu_ns")
+        .group_by("domain", "name")
         .agg(
             pl.len().cast(pl.Int64).alias("instances"),
             pl.col("exclusive_gpu_ns").sum(),
