@@ -17,7 +17,7 @@ from nsysan.passes.base import SEVERITIES
 EXIT_FINDINGS = 3
 
 
-def _parse_settings(values: tuple[str, ...]) -> dict[str, str]:
+def parse_settings(values: tuple[str, ...]) -> dict[str, str]:
     settings: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -29,7 +29,7 @@ def _parse_settings(values: tuple[str, ...]) -> dict[str, str]:
     return settings
 
 
-def _parse_passes(value: str | None) -> list[str] | None:
+def parse_passes(value: str | None) -> list[str] | None:
     if value is None:
         return None
     names = [p.strip() for p in value.split(",") if p.strip()]
@@ -109,8 +109,8 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     from nsysan.api import analyze, write_outputs
     from nsysan.passes import registry
 
-    selected = _parse_passes(passes)
-    parsed = _parse_settings(settings)
+    selected = parse_passes(passes)
+    parsed = parse_settings(settings)
     # Validate passes and parameters once, before any trace is opened.
     registry.build_params(registry.resolve(selected), parsed)
     if job:

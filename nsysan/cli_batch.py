@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from nsysan.errors import ConfigError, NsysanError
+from nsysan.cli_analyze import parse_passes, parse_settings
+from nsysan.errors import NsysanError
 
 
 def _errors_to_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,18 +29,6 @@ def _errors_to_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(" ".join(str(exc).split()) or type(exc).__name__) from None
 
     return wrapper
-
-
-def _settings(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(
-                f"--set {item}: expected PASS.PARAM=VALUE, e.g. gaps.min_gap_ns=500000"
-            )
-        out[key.strip()] = value.strip()
-    return out
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -99,8 +88,8 @@ def batch(
         scheduler=scheduler,
         catalog=catalog,
         on_error=on_error,
-        passes=[p.strip() for p in passes.split(",") if p.strip()] if passes else None,
-        settings=_settings(set_),
+        passes=parse_passes(passes),
+        settings=parse_settings(set_),
         samples_per_step=samples_per_step,
         tokens_per_step=tokens_per_step,
         nsys=nsys,
