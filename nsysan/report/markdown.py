@@ -121,9 +121,68 @@ def _layers(diagnosis: Any, layers: pl.DataFrame | None, images: Mapping[str, st
     return lines
 
 
+_STATE_GROUPS = (  # how per-step overlap states are summarised, first match wins
+    ("compute", r"compute"),
+    ("exposed communication", r"nccl|p2p"),
+    ("copies / memset only", r"h2d|d2h|d2d|memset"),
+    ("idle", r"^idle$"),
+)
+_MAX_STEP_ROWS = 20
+
+
+def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str]:
+    """Per-step breakdown: where each step's device time went, step by step."""
+    if steps is None or steps.is_empty():
+        return []
+    source = steps["source"][0]
+    lines = ["## Steps", "", f"{steps.height} steps from {source}"
+             f" ({int(steps['warmup'].sum())} warm-up). Per step, device time by engine state:", ""]
+    if overlap is not None and not overlap.is_empty():
+        group = pl.lit("other")
+        for label, pattern in reversed(_STATE_GROUPS):
+            group = pl.when(pl.col("state").str.contains(pattern)).then(pl.lit(label)).otherwise(
+                group)
+        per_step = (
+            overlap.filter(pl.col("step").is_not_null())
+            .with_columns(group.alias("group"))
+            .group_by("step", "group").agg(pl.col("duration_ns").sum())
+            .pivot(on="group", index="step", values="duration_ns")
+            .fill_null(0)
+        )
+        groups = [g for g, _ in _STATE_GROUPS if g in per_step.columns]
+        steady = steps.filter(~pl.col("warmup")).select("step")
+        means = per_step.join(steady, on="step").select(groups).mean()
+        if means.height:
+            lines += ["| state (steady-state mean per step) | time |", "|---|---|"]
+            lines += [f"| {g} | {fmt_ns(means[g][0])} |" for g in groups]
+            lines.append("")
+    else:
+        per_step = None
+    shown = steps.sort("step")
+    if shown.height > _MAX_STEP_ROWS:  # warm-up steps, then the slowest steady ones
+        shown = pl.concat([shown.filter(pl.col("warmup")),
+                           shown.filter(~pl.col("warmup")).sort("duration_ns", descending=True)
+                           ]).head(_MAX_STEP_ROWS).sort("step")
+    lines += ["| step | start | duration | GPU busy | idle | exposed NCCL | H2D not overlapped |",
+              "|---|---|---|---|---|---|---|"]
+    for r in shown.iter_rows(named=True):
+        mark = " (warm-up)" if r["warmup"] else ""
+        lines.append(f"| {r['step']}{mark} | {r['start_ns'] / 1e9:.6f} s | "
+                     f"{fmt_ns(r['duration_ns'])} | {fmt_frac(r['gpu_busy_frac'])} | "
+                     f"{fmt_ns(r['idle_ns'])} | {fmt_ns(r['exposed_nccl_ns'])} | "
+                     f"{fmt_ns(r['h2d_unoverlapped_ns'])} |")
+    if shown.height < steps.height:
+        lines.append(f"\n{steps.height - shown.height} more steps (the fastest steady ones) are in "
+                     "steps.parquet.")
+    lines.append("")
+    return lines
+
+
 def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = None,
                     images: Mapping[str, str] | None = None,
-                    timelines: Sequence[tuple[int, str]] = ()) -> str:
+                    timelines: Sequence[tuple[int, str]] = (),
+                    steps: pl.DataFrame | None = None,
+                    overlap: pl.DataFrame | None = None) -> str:
     """The findings.md text. ``images`` maps ``layers_png`` / ``html`` to file names next to
     it; ``timelines`` lists ``(device_id, png name)``."""
     images = dict(images or {})
@@ -145,6 +204,7 @@ def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = 
             lines += _finding(i, f)
     else:
         lines += ["No finding: nothing in this profile blocks the GPU beyond the thresholds.", ""]
+    lines += _steps(steps, overlap)
     lines += _layers(diagnosis, layers, images)
     if timelines or "html" in images:
         lines += ["## Timeline", ""]
@@ -169,6 +229,8 @@ def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = 
 
 def write_markdown(out_dir: Path, diagnosis: Any, trace: Trace,
                    layers: pl.DataFrame | None = None, images: Mapping[str, str] | None = None,
-                   timelines: Sequence[tuple[int, str]] = ()) -> Path:
-    text = render_markdown(diagnosis, trace, layers, images, timelines)
+                   timelines: Sequence[tuple[int, str]] = (),
+                   steps: pl.DataFrame | None = None,
+                   overlap: pl.DataFrame | None = None) -> Path:
+    text = render_markdown(diagnosis, trace, layers, images, timelines, steps, overlap)
     return atomic_write(Path(out_dir) / FINDINGS_MD, text)

@@ -77,7 +77,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
         images["layers_png"] = "layers.png"
     written.append(plots.report_html(out / "report.html", diagnosis, trace, timelines, layers))
     images["html"] = "report.html"
-    written.append(write_markdown(out, diagnosis, trace, layers, images, pngs))
+    written.append(write_markdown(out, diagnosis, trace, layers, images, pngs,
+                                  tables.get("steps"), tables.get("overlap")))
     written.append(write_findings_json(out, diagnosis, trace, [p.name for p in written
                                                                if p.suffix != ".md"]))
     timings = dict(info.timings_s)
