@@ -32,3 +32,15 @@ def test_no_steps_section_without_steps(tmp_path: Path) -> None:
     text = (write_outputs(result, tmp_path) / "findings.md").read_text()
     assert "## Steps" not in text
     assert pl.read_parquet(tmp_path / "example_ddp" / "gaps.parquet").height > 0
+
+
+def test_manifest_leaves_out_captured_environment_variables(tmp_path: Path) -> None:
+    trace = nsysan.open_trace(EXAMPLE)
+    trace.meta.capture = {
+        "PROCESS_0:ENVIRONMENT_VARIABLE": ['WANDB_API_KEY="s3cret"'],
+        "RUN_DURATION_MS": ["5000"],
+    }
+    result = nsysan.analyze(trace, passes=["gaps"])
+    manifest = (write_outputs(result, tmp_path) / "manifest.json").read_text()
+    assert "RUN_DURATION_MS" in manifest
+    assert "s3cret" not in manifest and "ENVIRONMENT_VARIABLE" not in manifest
