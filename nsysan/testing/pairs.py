@@ -130,18 +130,19 @@ def _optimizer(s: _ScaledStep, last: GpuOp, end: int) -> None:
     loop.end(m, "optimizer", pad=SECTION_PAD)
 
 
-STATE_OF = ("compute", "communication", "copies", "idle")
+CATEGORIES = ("compute", "communication", "copies", "idle")
 
 
-def _category(state: str) -> str:
-    parts = state.split("+")
-    if state == "idle":
-        return "idle"
-    if "compute" in parts:
-        return "compute"
-    if "nccl" in parts:
-        return "communication"
-    return "copies"
+def _categories(states: dict[str, int]) -> dict[str, int]:
+    """Overlap states (``compute+nccl``, ``h2d``, ...) summed into the diff's engine-state
+    categories: any compute; else NCCL; else copies / memsets; idle."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for state, ns in states.items():
+        parts = state.split("+")
+        cat = ("idle" if state == "idle" else "compute" if "compute" in parts
+               else "communication" if "nccl" in parts else "copies")
+        out[cat] += ns
+    return out
 
 
 def _pair(kind: str, directory: str | Path, base: RunSpec, new: RunSpec, *,
@@ -153,15 +154,9 @@ def _pair(kind: str, directory: str | Path, base: RunSpec, new: RunSpec, *,
     # of mean step time is the change of the GPU span over the number of steps.
     n = base.steps
     delta = (tn.device(0).span_ns - tb.device(0).span_ns) / n
-    st_b, st_n = tb.device(0).states, tn.device(0).states
-    cat_b = dict.fromkeys(STATE_OF, 0)
-    cat_n = dict.fromkeys(STATE_OF, 0)
-    for st, ns in st_b.items():
-        cat_b[_category(st)] += ns
-    for st, ns in st_n.items():
-        cat_n[_category(st)] += ns
+    cat_b, cat_n = _categories(tb.device(0).states), _categories(tn.device(0).states)
     truth = PairTruth(kind, tb, tn, n, delta, state, layer,
-                      {c: (cat_n[c] - cat_b[c]) / n for c in STATE_OF})
+                      {c: (cat_n[c] - cat_b[c]) / n for c in CATEGORIES})
     return pb, pn, truth
 
 
