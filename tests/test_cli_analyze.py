@@ -77,7 +77,7 @@ def test_fail_on_returns_3_when_a_finding_reaches_the_level(tmp_path: Path) -> N
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    code, out, err = run("analyze", str(EXAMPLE), "-o", str(tmp_path), *args)
+    code, _, err = run("analyze", str(EXAMPLE), "-o", str(tmp_path), *args)
     assert code == 1
     assert err.startswith("Error: ") and message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -85,7 +85,7 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path, args: list[str], messa
 
 
 def test_trace_without_cuda_is_an_error_and_others_still_run(tmp_path: Path) -> None:
-    code, out, err = run("analyze", str(CPU_ONLY), str(EXAMPLE), "-o", str(tmp_path))
+    code, _, err = run("analyze", str(CPU_ONLY), str(EXAMPLE), "-o", str(tmp_path))
     assert code == 1
     assert "no CUDA activity tables" in err and "--trace=cuda" in err
     assert (tmp_path / "example_ddp" / "gaps.parquet").is_file()

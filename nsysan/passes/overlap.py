@@ -1,13 +1,14 @@
 """overlap: what runs concurrently on each device.
 
 A sweep over all ops of a device (every process and stream; ops with ``start_ns == 0``, which
-nsys writes for records it could not time, are left out, as in the gaps pass) gives, at every instant, the set of
-active classes among compute, nccl, h2d, d2h, d2d, p2p and memset (``op_class`` mapped by
-`schemas.OVERLAP_CLASS_OF_OP_CLASS`); ``idle`` when none. The ``overlap`` table holds the time
-per state per device over the device span ``[first op start, last op end)`` (``step`` null),
-and, when the steps pass ran, per step: the part of the step window inside the device span,
-clipped to the window, plus ``idle`` for the part of the window outside the span, so a step's
-rows sum to its window. States sum exactly to the span.
+nsys writes for records it could not time, are left out, as in the gaps pass) gives, at every
+instant, the set of active classes among compute, nccl, h2d, d2h, d2d, p2p and memset
+(``op_class`` mapped by `schemas.OVERLAP_CLASS_OF_OP_CLASS`); ``idle`` when none. The
+``overlap`` table holds the time per state per device over the device span
+``[first op start, last op end)`` (``step`` null), and, when the steps pass ran, per step: the
+part of the step window inside the device span, clipped to the window, plus ``idle`` for the
+part of the window outside the span, so a step's rows sum to its window. States sum exactly
+to the span.
 
 ``overlap_summary`` per device: exposed nccl (nccl active, compute not), nccl only (state
 exactly ``nccl``), hidden fraction = 1 - exposed / union(nccl) (null without nccl), h2d
