@@ -97,10 +97,13 @@ def _fails(result: Any, fail_on: str | None) -> bool:
 @click.option("--nsys", type=click.Path(path_type=Path), default=None,
               help="The nsys binary used to export .nsys-rep/.qdrep inputs.")
 @click.option("-q", "--quiet", is_flag=True, default=False, help="No progress display.")
+@click.option("--no-cache", is_flag=True, default=False,
+              help="Do not read or write the Parquet cache of canonical frames (kept for big "
+              "SQLite exports; same as NSYSAN_NO_CACHE=1).")
 def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
                 settings: tuple[str, ...], fail_on: str | None, samples_per_step: float | None,
                 tokens_per_step: float | None, job: bool, rank_map: str | None,
-                nsys: Path | None, quiet: bool) -> None:
+                nsys: Path | None, quiet: bool, no_cache: bool) -> None:
     """Analyze traces: write Parquet tables, findings.md/json, pictures and a manifest.
 
     Prints one summary line per trace. Exit status: 0 ok, 1 an input failed, 2 usage,
@@ -108,6 +111,9 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     """
     from nsysan.api import analyze, write_outputs
     from nsysan.passes import registry
+
+    if no_cache:  # read by nsysan.load.cache wherever a trace is opened (batch workers too)
+        os.environ["NSYSAN_NO_CACHE"] = "1"
 
     selected = parse_passes(passes)
     parsed = parse_settings(settings)

@@ -57,23 +57,19 @@ def union(
     Returns ``by + [start, end]``, sorted by group then start, disjoint and non-touching.
     """
     by = list(by)
-    lf = df.lazy().select([*by, start, end]).filter(pl.col(end) > pl.col(start))
-    # Sweep: starts sort before ends at the same instant, so touching intervals merge. A block
-    # starts where the active count rises from 0 and ends where it falls back to 0; the k-th
-    # block start pairs with the k-th block end.
-    ev = (
-        _events(lf, by, start, end)
-        .sort([*by, "_t", "_d"], descending=[*([False] * len(by)), False, True])
-        .with_columns(pl.col("_d").cum_sum().alias("_n"))
+    # Sort the intervals (not 2x as many start/end events: sorting dominates) and start a new
+    # block where an interval starts after every earlier one of its group has ended; an
+    # interval starting exactly at that reach touches the block and joins it.
+    lf = (
+        df.lazy().select([*by, start, end]).filter(pl.col(end) > pl.col(start))
+        .sort([*by, start])
     )
-    # Block starts and block ends alternate in sweep order, so each start's end is the next row.
-    is_start = (pl.col("_d") == 1) & (pl.col("_n") == 1)
-    is_end = (pl.col("_d") == -1) & (pl.col("_n") == 0)
+    reach = _over(pl.col(end).cum_max().shift(1), by)
     return (
-        ev.filter(is_start | is_end)
-        .with_columns(pl.col("_t").shift(-1).alias(end))
-        .filter(is_start)
-        .select([*by, pl.col("_t").alias(start), end])
+        lf.with_columns((pl.col(start) > reach).fill_null(True).cum_sum().alias("_blk"))
+        .group_by([*by, "_blk"], maintain_order=True)
+        .agg(pl.col(start).first(), pl.col(end).max())
+        .select([*by, start, end])
     )
 
 
@@ -136,44 +132,56 @@ def state_segments(
         pl.when(pl.col(class_col) == c).then(pl.col("_d")).otherwise(0).alias(f"_d_{i}")
         for i, c in enumerate(classes)
     ]
-    per_t = (
+    # Per class, deltas sum to zero within each group: the global running sum is the count.
+    # The count after all events at one instant is the running sum at its last event, so a
+    # sort and a filter do what a group-by per instant plus a sort did, at half the cost.
+    last_at_t = ~_same_group([*by, "_t"], -1)
+    counts = (
         _events(lf, by, start, end, class_col)
         .with_columns(deltas)
-        .group_by([*by, "_t"])
-        .agg([pl.col(f"_d_{i}").sum() for i in range(len(classes))])
         .sort([*by, "_t"])
+        .with_columns(
+            [pl.col(f"_d_{i}").cum_sum().alias(f"_n_{i}") for i in range(len(classes))]
+        )
+        .filter(last_at_t)
     )
-    # Per class, deltas sum to zero within each group: the global running sum is the count.
-    counts = per_t.with_columns(
-        [pl.col(f"_d_{i}").cum_sum().alias(f"_n_{i}") for i in range(len(classes))]
-    )
-    parts = [
-        pl.when(pl.col(f"_n_{i}") > 0).then(pl.lit(c)).otherwise(None)
-        for i, c in enumerate(classes)
-    ]
-    state = pl.concat_str(parts, separator="+", ignore_nulls=True)
+    # The state is computed as a bit set (bit i = class i active) and named only at the end:
+    # building a label string per sweep event dominated this function on 1M-kernel traces.
+    code = pl.sum_horizontal(
+        [pl.when(pl.col(f"_n_{i}") > 0).then(1 << i).otherwise(0) for i in range(len(classes))]
+    ).cast(pl.Int64)
     segments = (
         counts.with_columns(pl.when(_same_group(by, -1)).then(pl.col("_t").shift(-1))
                             .alias("_next"))
         .filter(pl.col("_next").is_not_null())
-        .select(
-            [
-                *by,
-                pl.col("_t").alias(start),
-                pl.col("_next").alias(end),
-                pl.when(state == "").then(pl.lit(idle)).otherwise(state).alias("state"),
-            ]
-        )
+        .select([*by, pl.col("_t").alias(start), pl.col("_next").alias(end),
+                 code.alias("_code")])
     )
     # Where one interval ends exactly as another of the same class starts, the event times
-    # split a constant state in two: merge runs of equal state so segments are maximal.
-    same_run = _same_group(by, 1) & (pl.col("state") == pl.col("state").shift(1))
-    return (
-        segments.with_columns((~same_run).cum_sum().alias("_run"))
-        .group_by("_run", maintain_order=True)
-        .agg([pl.col(c).first() for c in by]
-             + [pl.col(start).min(), pl.col(end).max(), pl.col("state").first()])
-        .select([*by, start, end, "state"])
+    # split a constant state in two: merge runs of equal state so segments are maximal. A run
+    # is kept as its first segment, extended to the start of the next run (or its own end).
+    same_run = _same_group(by, 1) & (pl.col("_code") == pl.col("_code").shift(1))
+    last_of_group = ~_same_group(by, -1)
+    merged = (
+        segments.with_columns(
+            (~same_run).alias("_first"),
+            pl.when(last_of_group).then(pl.col(end)).alias("_last_end"),
+        )
+        .filter(pl.col("_first") | pl.col("_last_end").is_not_null())
+        .with_columns(
+            pl.when(~_same_group(by, -1)).then(pl.col("_last_end"))
+            .when(pl.col("_first").shift(-1)).then(pl.col(start).shift(-1))
+            .otherwise(pl.col("_last_end").shift(-1)).alias(end)
+        )
+        .filter(pl.col("_first"))
+    )
+    names = {
+        c: "+".join(n for i, n in enumerate(classes) if c >> i & 1) or idle
+        for c in range(1 << len(classes))
+    }
+    return merged.select(
+        [*by, start, end,
+         pl.col("_code").replace_strict(names, return_dtype=pl.String).alias("state")]
     )
 
 

@@ -108,8 +108,12 @@ def open_trace(
     trace_id: str | None = None,
     require_cuda: bool = False,
     cache_dir: str | Path | None = None,
+    frame_cache: bool | None = None,
 ) -> Trace:
     """Open a profile: probe what it holds now, read each canonical frame on first use.
+
+    ``frame_cache``: keep a Parquet copy of the frames for repeat analyses (`nsysan.load.cache`;
+    None = only for big SQLite exports, unless ``$NSYSAN_NO_CACHE`` is set).
 
     ``trace.meta`` says what could not be loaded (``missing``: frame -> why and how to capture
     it), other caveats (``notes``) and every raw table with its row count (``tables``). With
@@ -146,6 +150,11 @@ def open_trace(
         notes=[*info["notes"], *partial],
     )
     adapter.meta = meta
-    trace = Trace(meta, adapter.build)
+    from nsysan.load import cache
+
+    loader = adapter.build
+    if cache.enabled(meta.source_path, meta.source_format, frame_cache):
+        loader = cache.cached_loader(adapter.build, meta, cache_dir)
+    trace = Trace(meta, loader)
     adapter.frame = trace.frame
     return trace

@@ -5,14 +5,13 @@ The timeline bins each device's span into ``n_bins`` equal bins. For every bin i
 share of time each op class is active (from the union of that class's intervals, so a bin is
 never over 100%), the busy share (union of all ops), exposed NCCL (nccl active, compute not =
 |nccl ∪ compute| − |compute|) and the idle share; long gaps from the gaps pass are shaded with
-their cause. Matplotlib is driven through its object API and the Agg canvas, so importing this
-module never changes the caller's matplotlib backend.
+their cause. The PNGs are rasterised with numpy and Pillow (`nsysan.report.raster`), not
+matplotlib, whose import alone cost more than a whole analysis of a small trace.
 """
 
 from __future__ import annotations
 
 import html
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,73 +111,30 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
 # ---------------------------------------------------------------------------------------------
 # PNG
 # ---------------------------------------------------------------------------------------------
-def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png_bytes(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
 def timeline_png(tl: DeviceTimeline, path: Path, title: str = "") -> Path:
     """Utilisation (top) with gaps shaded, and one lane per class (bottom heat strip)."""
-    fig = _figure(12, 5)
-    ax, lanes_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1.3]})
-    x = tl.edges / 1e9
-    xm = (x[:-1] + x[1:]) / 2
-    ax.fill_between(xm, 100 * tl.busy, step="mid", color=_COLORS["compute"], alpha=0.35,
-                    label="busy (any op)")
-    if "compute" in tl.lanes:
-        ax.plot(xm, 100 * tl.lanes["compute"], drawstyle="steps-mid", lw=0.8,
-                color=_COLORS["compute"], label="compute")
-    if "exposed nccl" in tl.lanes:
-        ax.plot(xm, 100 * tl.lanes["exposed nccl"], drawstyle="steps-mid", lw=0.8,
-                color=_COLORS["exposed nccl"], label="exposed nccl")
-    for s, e in tl.gaps.select("start_ns", "end_ns").iter_rows():
-        ax.axvspan(s / 1e9, e / 1e9, color="#e53935", alpha=0.25, lw=0)
-    for s in tl.steps:
-        ax.axvline(s / 1e9, color="#9e9e9e", lw=0.4, ls=":")
-    if tl.window is not None:
-        for edge in tl.window:
-            ax.axvline(edge / 1e9, color="black", lw=0.8, ls="--")
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("% of bin")
-    ax.legend(loc="lower right", fontsize=7, ncol=3)
-    ax.set_title(title or f"device {tl.device_id}: GPU busy {fmt_frac(tl.busy_frac)} "
-                 f"(red: gaps ≥ threshold, dashed: analysed window)", fontsize=9)
-    names = list(tl.lanes)
-    grid = np.vstack([tl.lanes[n] for n in names])
-    lanes_ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="Greens", vmin=0, vmax=1,
-                    extent=(x[0], x[-1], len(names) - 0.5, -0.5))
-    lanes_ax.set_yticks(range(len(names)), names, fontsize=7)
-    lanes_ax.set_xlabel("session time (s)")
-    fig.tight_layout()
-    return atomic_write(path, _png_bytes(fig))
+    from nsysan.report import raster  # Pillow: imported only when pictures are drawn
+
+    title = title or (f"device {tl.device_id}: GPU busy {fmt_frac(tl.busy_frac)} "
+                      f"(red: gaps ≥ threshold, dashed: analysed window)")
+    png = raster.timeline(tl.edges, tl.busy, tl.lanes, tl.gaps, tl.steps, tl.window, _COLORS,
+                          title)
+    return atomic_write(path, png)
 
 
 def layers_png(layers: pl.DataFrame, path: Path, top: int = 15) -> Path:
     """Horizontal bars of exclusive GPU time per NVTX range name."""
+    from nsysan.report import raster
+
     d = (layers.filter(pl.col("exclusive_gpu_ns") > 0)
-         .sort("exclusive_gpu_ns", descending=True).head(top).reverse())
-    fig = _figure(10, 0.35 * max(d.height, 3) + 1.2)
-    ax = fig.subplots()
+         .sort("exclusive_gpu_ns", descending=True).head(top))
     names = [n if len(n) <= 60 else n[:59] + "…" for n in d["name"].fill_null("").to_list()]
     ms = (d["exclusive_gpu_ns"].fill_null(0) / 1e6).to_list()
-    ax.barh(range(d.height), ms, color=_COLORS["compute"])
-    ax.set_yticks(range(d.height), names, fontsize=7)
-    for i, (v, f) in enumerate(zip(ms, d["exclusive_frac"].fill_null(0).to_list(), strict=True)):
-        ax.text(v, i, f" {fmt_frac(f)}", va="center", fontsize=7)
-    ax.set_xlabel("exclusive GPU time (ms)")
-    ax.set_title("GPU time per NVTX layer (innermost range, no double counting)", fontsize=9)
-    fig.tight_layout()
-    return atomic_write(path, _png_bytes(fig))
+    labels = [fmt_frac(f) for f in d["exclusive_frac"].fill_null(0).to_list()]
+    png = raster.bars(names, ms, labels, _COLORS["compute"],
+                      "GPU time per NVTX layer (innermost range, no double counting)",
+                      "exclusive GPU time (ms)")
+    return atomic_write(path, png)
 
 
 # ---------------------------------------------------------------------------------------------

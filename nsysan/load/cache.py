@@ -1,0 +1,153 @@
+"""Optional Parquet cache of canonical frames, so a repeat analysis of a big SQLite export
+skips SQLite.
+
+Why: reading a SQLite export is row by row (even through ADBC), while Parquet is columnar and
+compressed; a 1M-kernel trace loads several times faster from the cache (bench/RESULTS.md).
+
+Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
+(the loading notes the frame's build added to ``TraceMeta.notes``, replayed on a cache hit so
+results stay identical). The cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an
+explicit ``cache_dir`` wins), never the input's directory. ``key`` hashes the nsysan version,
+the file's size and mtime and a sample of its content (first and last MiB, 32 blocks of
+64 KiB spread over the file): hashing all of a 2 GB export would cost more than reading it.
+
+When: by default only SQLite sources of at least ``MIN_BYTES`` (small traces load in well
+under a second; caching them would only fill the disk); ``frame_cache=True`` forces it,
+``False`` or ``$NSYSAN_NO_CACHE=1`` (CLI: ``--no-cache``) turns it off. Each file is written
+to a temporary name and renamed, so concurrent analyses never read a partial file; a cache file
+that cannot be read is rebuilt from the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import polars as pl
+
+from nsysan.frames.trace import TraceMeta
+
+MIN_BYTES = 64 << 20
+_SAMPLE = 64 << 10
+_EDGE = 1 << 20
+_BLOCKS = 32
+
+
+def enabled(source_path: Path, source_format: str, frame_cache: bool | None) -> bool:
+    if frame_cache is False or os.environ.get("NSYSAN_NO_CACHE", "") not in ("", "0"):
+        return False
+    if source_format != "sqlite":
+        return False  # a parquetdir export is already Parquet
+    if frame_cache:
+        return True
+    try:
+        return source_path.stat().st_size >= MIN_BYTES
+    except OSError:
+        return False
+
+
+def content_key(path: Path) -> str:
+    """Version + size + mtime + sampled content of ``path`` (see the module docstring)."""
+    from nsysan import __version__
+
+    st = path.stat()
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{__version__}|{st.st_size}|{st.st_mtime_ns}".encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(_EDGE))
+        if st.st_size > 2 * _EDGE:
+            for i in range(_BLOCKS):
+                fh.seek(_EDGE + (st.st_size - 2 * _EDGE) * i // _BLOCKS)
+                h.update(fh.read(_SAMPLE))
+            fh.seek(st.st_size - _EDGE)
+            h.update(fh.read(_EDGE))
+    return h.hexdigest()
+
+
+def cache_root(cache_dir: str | Path | None) -> Path:
+    from nsysan.load.export import default_cache_dir
+
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return base / "frames"
+
+
+def cached_loader(
+    build: Callable[[str], pl.DataFrame], meta: TraceMeta, cache_dir: str | Path | None
+) -> Callable[[str], pl.DataFrame]:
+    """Wrap a frame builder: read ``<frame>.parquet`` when cached, else build and store it."""
+    src = meta.source_path
+    folder = cache_root(cache_dir) / f"{src.name}.{content_key(src)}"
+
+    def load(frame: str) -> pl.DataFrame:
+        data, notes = folder / f"{frame}.parquet", folder / f"{frame}.notes.json"
+        if data.is_file() and notes.is_file():
+            try:
+                df = pl.read_parquet(data)
+                added = json.loads(notes.read_text())
+            except (OSError, ValueError, pl.exceptions.PolarsError):
+                pass  # damaged or concurrently replaced: rebuild below
+            else:
+                for text in added:
+                    if text not in meta.notes:
+                        meta.notes.append(text)
+                if "trace_id" in df.columns:  # the id is the caller's, not the first run's
+                    df = df.with_columns(pl.lit(meta.trace_id, dtype=pl.String).alias("trace_id"))
+                return df
+        before = set(meta.notes)
+        df = build(frame)
+        added = [t for t in meta.notes if t not in before]
+        # Written in the background: encoding a 1M-kernel gpu_ops takes ~0.7 s that the
+        # passes (mostly inside polars, GIL released) can overlap. `flush` waits for it, and
+        # so does interpreter exit (executor threads are joined at shutdown).
+        _pending[:] = [f for f in _pending if not f.done()]
+        _pending.append(_writer().submit(_store, df, folder, frame, added))
+        return df
+
+    return load
+
+
+def _store(df: pl.DataFrame, folder: Path, frame: str, added: list[str]) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
+        try:
+            df.write_parquet(tmp, compression="lz4", statistics=False)
+            os.replace(tmp, folder / f"{frame}.parquet")
+            tmp.write_text(json.dumps(added))
+            os.replace(tmp, folder / f"{frame}.notes.json")
+        finally:
+            tmp.unlink(missing_ok=True)
+    except (OSError, pl.exceptions.PolarsError):
+        pass  # a read-only or full cache dir only costs speed
+
+
+_executor: ThreadPoolExecutor | None = None
+_pending: list[Future[None]] = []
+
+
+def _writer() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-cache")
+    return _executor
+
+
+def _after_fork() -> None:
+    # a forked worker (batch) inherits the executor object but not its thread
+    global _executor
+    _executor = None
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def flush() -> None:
+    """Wait until every cache file queued so far is written."""
+    while _pending:
+        _pending.pop().result()
