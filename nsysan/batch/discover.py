@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsysan.errors import ConfigError
+from nsysan.load.parquetdir import is_parquetdir
 
 TRACE_SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -61,21 +62,6 @@ class TraceInput:
         """The directory part of the id ("" for traces at the root), used to compare peers."""
         head, sep, _ = self.trace_id.rpartition("__")
         return head if sep else ""
-
-
-def is_parquetdir(path: Path) -> bool:
-    """True for a directory written by ``nsys export --type parquetdir``."""
-    if not path.is_dir():
-        return False
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return False
-    return any(
-        n == "StringIds.parquet"
-        or (n.startswith("CUPTI_ACTIVITY_KIND_") and n.endswith(".parquet"))
-        for n in names
-    )
 
 
 def trace_format(path: Path) -> str:

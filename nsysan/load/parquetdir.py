@@ -47,8 +47,8 @@ _EXPORT_HINT = "re-export the report with `nsys export --type parquetdir` (nsys 
 
 def is_parquetdir(path: Path) -> bool:
     """True when ``path`` looks like a parquetdir export: a directory holding
-    ``StringIds.parquet`` or a ``CUPTI_ACTIVITY_KIND_*.parquet`` (the same rule as
-    `nsysan.batch.discover`). Cheap, for form detection; `ParquetDirSource` validates fully.
+    ``StringIds.parquet`` or a ``CUPTI_ACTIVITY_KIND_*.parquet`` (batch discovery uses this
+    rule too). Cheap, for form detection; `ParquetDirSource` validates fully.
     """
     if not path.is_dir():
         return False
