@@ -101,32 +101,18 @@ _COLUMNS_2022_4: dict[str, str] = {
     "EXPORT_META_DATA": ("name TEXT NOT NULL, value TEXT"),
 }
 _COLUMNS_2023_4: dict[str, str] = {
-    "StringIds": ("id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL"),
-    "ProcessStreams": (
-        "globalPid INTEGER NOT NULL, filenameId INTEGER NOT NULL, contentId INTEGER NOT NULL"
-    ),
+    # tables whose columns did not change since 2022.4 refer to that layout
+    "StringIds": _COLUMNS_2022_4["StringIds"],
+    "ProcessStreams": _COLUMNS_2022_4["ProcessStreams"],
     "TARGET_INFO_SYSTEM_ENV": (
         "globalVid INTEGER, devStateName TEXT NOT NULL, name TEXT NOT NULL, nameEnum INTEGER "
         "NOT NULL, value TEXT NOT NULL"
     ),
-    "TARGET_INFO_SESSION_START_TIME": ("utcEpochNs INTEGER, utcTime TEXT, localTime TEXT"),
-    "ANALYSIS_DETAILS": (
-        "globalVid INTEGER NOT NULL, duration INTEGER NOT NULL, startTime INTEGER NOT NULL, "
-        "stopTime INTEGER NOT NULL"
-    ),
-    "PROCESSES": ("globalPid INTEGER, pid INTEGER, name TEXT"),
-    "NVTX_EVENTS": (
-        "start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER, "
-        "category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, "
-        "textId INTEGER, domainId INTEGER, uint64Value INTEGER, int64Value INTEGER, "
-        "doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, floatValue REAL, "
-        "jsonTextId INTEGER, jsonText TEXT"
-    ),
-    "CUPTI_ACTIVITY_KIND_RUNTIME": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, globalTid "
-        "INTEGER, correlationId INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT "
-        "NULL, callchainId INTEGER"
-    ),
+    "TARGET_INFO_SESSION_START_TIME": _COLUMNS_2022_4["TARGET_INFO_SESSION_START_TIME"],
+    "ANALYSIS_DETAILS": _COLUMNS_2022_4["ANALYSIS_DETAILS"],
+    "PROCESSES": _COLUMNS_2022_4["PROCESSES"],
+    "NVTX_EVENTS": _COLUMNS_2022_4["NVTX_EVENTS"],
+    "CUPTI_ACTIVITY_KIND_RUNTIME": _COLUMNS_2022_4["CUPTI_ACTIVITY_KIND_RUNTIME"],
     "CUPTI_ACTIVITY_KIND_KERNEL": (
         "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, contextId "
         "INTEGER NOT NULL, greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId "
@@ -158,39 +144,16 @@ _COLUMNS_2023_4: dict[str, str] = {
         "INTEGER NOT NULL, greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId "
         "INTEGER, globalPid INTEGER, syncType INTEGER NOT NULL, eventId INTEGER NOT NULL"
     ),
-    "PROFILER_OVERHEAD": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, globalTid INTEGER, nameId INTEGER NOT "
-        "NULL, returnValue INTEGER NOT NULL"
-    ),
-    "OSRT_API": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, globalTid "
-        "INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, nestingLevel "
-        "INTEGER, callchainId INTEGER NOT NULL"
-    ),
-    "ThreadNames": ("nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER"),
-    "TARGET_INFO_GPU": (
-        "vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, busLocation TEXT, isDiscrete "
-        "INTEGER, l2CacheSize INTEGER, totalMemory INTEGER, memoryBandwidth INTEGER, "
-        "clockRate INTEGER, smCount INTEGER, pwGpuId INTEGER, uuid TEXT, luid INTEGER, "
-        "chipName TEXT, cuDevice INTEGER, ctxswDevPath TEXT, ctrlDevPath TEXT, revision "
-        "INTEGER, nodeMask INTEGER, constantMemory INTEGER, maxIPC INTEGER, "
-        "maxRegistersPerBlock INTEGER, maxShmemPerBlock INTEGER, maxShmemPerBlockOptin "
-        "INTEGER, maxShmemPerSm INTEGER, maxRegistersPerSm INTEGER, threadsPerWarp INTEGER, "
-        "asyncEngines INTEGER, maxWarpsPerSm INTEGER, maxBlocksPerSm INTEGER, "
-        "maxThreadsPerBlock INTEGER, maxBlockDimX INTEGER, maxBlockDimY INTEGER, maxBlockDimZ "
-        "INTEGER, maxGridDimX INTEGER, maxGridDimY INTEGER, maxGridDimZ INTEGER, computeMajor "
-        "INTEGER, computeMinor INTEGER, smMajor INTEGER, smMinor INTEGER"
-    ),
+    "PROFILER_OVERHEAD": _COLUMNS_2022_4["PROFILER_OVERHEAD"],
+    "OSRT_API": _COLUMNS_2022_4["OSRT_API"],
+    "ThreadNames": _COLUMNS_2022_4["ThreadNames"],
+    "TARGET_INFO_GPU": _COLUMNS_2022_4["TARGET_INFO_GPU"],
     "TARGET_INFO_CUDA_CONTEXT_INFO": (
         "nullStreamId INTEGER NOT NULL, hwId INTEGER NOT NULL, vmId INTEGER NOT NULL, "
         "processId INTEGER NOT NULL, deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, "
         "parentContextId INTEGER, isGreenContext INTEGER"
     ),
-    "TARGET_INFO_CUDA_STREAM": (
-        "streamId INTEGER NOT NULL, hwId INTEGER NOT NULL, vmId INTEGER NOT NULL, processId "
-        "INTEGER NOT NULL, contextId INTEGER NOT NULL, priority INTEGER NOT NULL, flag "
-        "INTEGER NOT NULL"
-    ),
+    "TARGET_INFO_CUDA_STREAM": _COLUMNS_2022_4["TARGET_INFO_CUDA_STREAM"],
     "META_DATA_CAPTURE": ("name TEXT NOT NULL, value TEXT"),
     "META_DATA_EXPORT": ("name TEXT NOT NULL, value TEXT"),
 }
