@@ -116,3 +116,30 @@ def test_job_mode_writes_rank_tables(tmp_path: Path, shared_traces: Path) -> Non
     job_dir = next(tmp_path.glob("job_*"))
     ranks = pl.read_parquet(job_dir / "ranks.parquet")
     assert sorted(ranks["rank"].to_list()) == [3, 7]
+
+
+def test_error_names_the_input_once(tmp_path: Path) -> None:
+    _, _, err = run("analyze", str(CPU_ONLY), "-o", str(tmp_path))
+    assert err.count(str(CPU_ONLY)) == 1
+
+
+def test_output_directory_is_readable_by_others(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert run("analyze", str(EXAMPLE), "-o", str(tmp_path), "--passes", "kernels")[0] == 0
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "example_ddp").stat().st_mode)
+    assert mode == 0o755  # not mkdtemp's private 0700
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "nsysan", "--version"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "nsysan" in done.stdout
