@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 
 # ----------------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def arbitrary_case(draw):
 
 
 def got_pairs(q: pl.DataFrame, r: pl.DataFrame) -> set[tuple[int, int]]:
-    out = iv.enclosing(q, r, by=["key"]).collect()
+    out = cn.enclosing(q, r, by=["key"]).collect()
     assert out.columns == ["key", "query_id", "range_id"]
     assert out.height == len(set(out.select("query_id", "range_id").iter_rows()))
     return set(out.select("query_id", "range_id").iter_rows())
@@ -117,7 +118,7 @@ def test_enclosing_equals_brute_force_on_nested_ranges(case):
     queries, ranges = case
     q, r = frames(queries, ranges)
     assert got_pairs(q, r) == brute_pairs(queries, ranges)
-    inner = iv.innermost_enclosing(q, r, by=["key"]).collect()
+    inner = cn.innermost_enclosing(q, r, by=["key"]).collect()
     assert dict(inner.select("query_id", "range_id").iter_rows()) == brute_innermost(
         queries, ranges
     )
@@ -129,7 +130,7 @@ def test_enclosing_equals_brute_force_on_crossing_ranges(case):
     queries, ranges = case
     q, r = frames(queries, ranges)
     assert got_pairs(q, r) == brute_pairs(queries, ranges)
-    inner = iv.innermost_enclosing(q, r, by=["key"]).collect()
+    inner = cn.innermost_enclosing(q, r, by=["key"]).collect()
     assert dict(inner.select("query_id", "range_id").iter_rows()) == brute_innermost(
         queries, ranges
     )
@@ -154,7 +155,7 @@ def test_enclosing_equals_brute_force_on_crossing_ranges(case):
 def test_enclosing_named_cases(case, query, ranges, expected):
     q = pl.DataFrame({"query_id": [7], "start_ns": [query[0]], "end_ns": [query[1]]})
     r = pl.DataFrame(ranges, schema=["range_id", "start_ns", "end_ns"], orient="row")
-    got = set(iv.enclosing(q, r).collect()["range_id"].to_list())
+    got = set(cn.enclosing(q, r).collect()["range_id"].to_list())
     assert got == expected, case
 
 
@@ -169,7 +170,7 @@ def test_enclosing_respects_keys_and_many_equal_query_starts():
         }
     )
     r = pl.DataFrame({"range_id": [10, 11], "tid": [1, 2], "start_ns": [5, 0], "end_ns": [8, 6]})
-    got = set(iv.enclosing(q, r, by=["tid"]).select("query_id", "range_id").collect().iter_rows())
+    got = set(cn.enclosing(q, r, by=["tid"]).select("query_id", "range_id").collect().iter_rows())
     assert got == {(0, 10), (1, 10), (3, 11)}
 
 
@@ -179,15 +180,15 @@ def test_innermost_tie_breaks_by_depth_then_id():
     r = pl.DataFrame(
         {"range_id": [1, 2], "start_ns": [0, 0], "end_ns": [10, 10], "depth": [1, 0]}
     )
-    assert iv.innermost_enclosing(q, r).collect()["range_id"].to_list() == [2]
-    assert iv.innermost_enclosing(q, r, depth="depth").collect()["range_id"].to_list() == [1]
+    assert cn.innermost_enclosing(q, r).collect()["range_id"].to_list() == [2]
+    assert cn.innermost_enclosing(q, r, depth="depth").collect()["range_id"].to_list() == [1]
 
 
 def test_enclosing_empty_inputs_keep_columns():
     q = pl.DataFrame(schema={"query_id": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
     r = pl.DataFrame({"range_id": [1], "start_ns": [0], "end_ns": [1]})
-    assert iv.enclosing(q, r).collect().columns == ["query_id", "range_id"]
-    assert iv.enclosing(r.rename({"range_id": "query_id"}), q.rename(
+    assert cn.enclosing(q, r).collect().columns == ["query_id", "range_id"]
+    assert cn.enclosing(r.rename({"range_id": "query_id"}), q.rename(
         {"query_id": "range_id"})).collect().height == 0
 
 
@@ -221,7 +222,7 @@ def brute_shares(rows: list[tuple[int, int, int]]) -> list[float]:
 def test_equal_shares_equals_per_ns_oracle(raw):
     rows = [(d, s, s + n) for d, s, n in raw]
     df = pl.DataFrame(rows, schema=["device_id", "start_ns", "end_ns"], orient="row")
-    got = iv.equal_shares(df, by=["device_id"]).collect()
+    got = cn.equal_shares(df, by=["device_id"]).collect()
     assert got.height == len(rows)
     assert got["share_ns"].to_list() == pytest.approx(brute_shares(rows), abs=1e-9)
     # The shares of a device tile its union exactly.
@@ -237,5 +238,5 @@ def test_equal_shares_equals_per_ns_oracle(raw):
 def test_equal_shares_named_case():
     # [0,10) alone 0-4, with [4,8) 4-8 (k=2), alone 8-10: shares 4+2+2 = 8 and 2.
     df = pl.DataFrame({"start_ns": [0, 4, 20], "end_ns": [10, 8, 20]})
-    got = iv.equal_shares(df).collect()["share_ns"].to_list()
+    got = cn.equal_shares(df).collect()["share_ns"].to_list()
     assert got == [8.0, 2.0, 0.0]

@@ -40,6 +40,7 @@ from typing import Any
 
 import polars as pl
 
+from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
@@ -88,7 +89,7 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
     """Fill ``depth`` / ``parent_range_id`` where the loader left them null."""
     if ranges.is_empty() or ranges["depth"].null_count() == 0:
         return ranges
-    nest = iv.nesting(ranges, by=["global_tid"]).select(
+    nest = cn.nesting(ranges, by=["global_tid"]).select(
         "range_id", pl.col("parent_range_id").alias("_p"), pl.col("depth").alias("_d")
     )
     missing = pl.col("depth").is_null()
@@ -166,7 +167,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .with_columns(pl.col("launch_id").cast(pl.Int64))
     )
     rng = ranges.select("range_id", "global_tid", "start_ns", "end_ns", "depth")
-    pairs = iv.enclosing(
+    pairs = cn.enclosing(
         launches, rng, by=["global_tid"], query_id="launch_id", range_id="range_id"
     ).collect()
     op_launch = ops.join(
@@ -175,7 +176,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # Inclusive membership: (range, op) for every enclosing range.
     inc = pairs.select("launch_id", "range_id").join(op_launch, on="launch_id")
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
-    inner = iv.tightest(
+    inner = cn.tightest(
         pairs, rng, by=["global_tid"], query_id="launch_id", range_id="range_id", depth="depth"
     ).select("launch_id", "range_id")
     owned = (
@@ -202,7 +203,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     )
     owned_union = iv.total(owned, by=["device_id"])
     shares = (
-        iv.equal_shares(owned, by=["device_id"])
+        cn.equal_shares(owned, by=["device_id"])
         .group_by("range_id", "device_id")
         .agg(pl.col("share_ns").sum().alias("share"))
     )
