@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +47,11 @@ class Trace:
         self.meta = meta
         self._loader = loader
         self._frames: dict[str, pl.DataFrame] = {}
+        # One lock per frame: a frame is built once even when a prefetch thread and the caller
+        # (or a frame that depends on it, e.g. sync on cuda_api) ask for it at the same time.
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._prefetch: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
@@ -55,9 +63,37 @@ class Trace:
     def frame(self, name: str) -> pl.DataFrame:
         if name not in schemas.CANONICAL:
             raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
-        if name not in self._frames:
-            self._frames[name] = self._loader(name)
+        frame = self._frames.get(name)
+        if frame is not None:
+            return frame
+        with self._locks_guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._frames:
+                self._frames[name] = self._loader(name)
         return self._frames[name]
+
+    def prefetch(self, names: Iterable[str], workers: int = 2) -> None:
+        """Start building ``names`` in background threads, in the given order.
+
+        Why: reading SQLite and the polars work of building a frame release the GIL, so on a
+        multi-core machine the frames of a big trace load in parallel, and while the first
+        passes already run. A frame asked for before its thread got to it is built by the
+        caller; a failed build is simply built again (and raises) when asked for.
+        """
+        todo = [n for n in dict.fromkeys(names) if n in schemas.CANONICAL and n not in self._frames]
+        if not todo:
+            return
+        if self._prefetch is None:
+            self._prefetch = ThreadPoolExecutor(workers, thread_name_prefix="nsysan-frames")
+        for name in todo:
+            self._prefetch.submit(self._quiet_frame, name)
+        self._prefetch.shutdown(wait=False)  # threads end when the queue is done
+        self._prefetch = None
+
+    def _quiet_frame(self, name: str) -> None:
+        with contextlib.suppress(Exception):  # the caller's own frame() call reports it
+            self.frame(name)
 
     def lazy(self, name: str) -> pl.LazyFrame:
         return self.frame(name).lazy()

@@ -28,6 +28,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_SIZE = 100
 #: rows fetched per round trip: bounds the Python objects alive at once on huge tables
 CHUNK_ROWS = 1 << 16
+#: tables with at least this many rows are read by `SqliteSource._read_bulk` (module attribute so
+#: that tests can lower it); below it, importing pyarrow costs more than reading in parallel gains
+BULK_MIN_ROWS = 100_000
 #: every nsys export has StringIds plus at least one of these (2020.3 exports lack the metadata
 #: tables, lazy exports lack most activity tables, so any one of them is enough)
 NSYS_MARKER_TABLES = (
@@ -228,15 +231,25 @@ class SqliteSource:
         dtypes = {c: _dtype(declared[c]) for c in columns}
         if not columns:
             return pl.DataFrame()
+        if self.tables().get(table, 0) >= BULK_MIN_ROWS:
+            bulk = self._read_bulk(table, columns, dtypes)
+            if bulk is not None:
+                return bulk
         ints = [c for c in columns if dtypes[c] == pl.Int64()]
         fast = self._read_ints(table, ints) if ints else None
         if fast is not None:
             rest = [c for c in columns if c not in fast.columns]
             if not rest:
                 return fast.select(columns)
-            other = self.read(table, rest)
+            other = self._read_rows(table, rest, dtypes)
             if other.height == fast.height:  # both are plain rowid-order scans of one table
                 return fast.hstack(other).select(columns)
+        return self._read_rows(table, columns, dtypes)
+
+    def _read_rows(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> pl.DataFrame:
+        """The row path: stdlib cursor, one typed Series per column and chunk."""
         sql = f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(table)}"
         with self._lock:
             try:
@@ -291,6 +304,60 @@ class SqliteSource:
         if any(dt not in (pl.Int64, pl.Null) for dt in df.dtypes):
             return None
         return df.cast(dict.fromkeys(columns, pl.Int64()))
+
+    def _read_bulk(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> pl.DataFrame | None:
+        """All ``columns`` of a big table through ADBC and pyarrow's stream reader, or None to
+        take the per-column paths below.
+
+        Why: polars imports an Arrow stream holding the GIL for the whole read; pyarrow's
+        reader releases it, for the same CPU time, so frames built in parallel threads
+        (`Trace.prefetch`) read their tables on separate cores. Each call opens its own
+        connection for that reason. TEXT columns come as ``coalesce(c, '')`` plus an is-null
+        flag, because ADBC types a column from its first batch and a NULL-first text column
+        would come out as integers; the Arrow data is fully validated, so text that is not
+        UTF-8 (which the row path reads with replacement characters) is never handed to polars.
+        Any surprise — a value stored with another type, a column typed otherwise, no driver —
+        returns None, and the caller reads the table the per-column way.
+        """
+        if os.environ.get("NSYSAN_NO_ADBC") or any(
+            dtypes[c] not in (pl.Int64(), pl.Float64(), pl.String()) for c in columns
+        ):
+            return None
+        select, flags = [], {}
+        for i, c in enumerate(columns):
+            if dtypes[c] == pl.String():
+                flags[c] = f"_nsysan_null_{i}"
+                select += [f"coalesce({_quote(c)}, '') AS {_quote(c)}",
+                           f"{_quote(c)} IS NULL AS {flags[c]}"]
+            else:
+                select.append(_quote(c))
+        sql = f"SELECT {', '.join(select)} FROM {_quote(table)}"
+        try:
+            import adbc_driver_sqlite
+            import pyarrow as pa
+            from adbc_driver_manager import AdbcConnection, AdbcStatement
+
+            with adbc_driver_sqlite.connect(_file_uri(self.path, self._immutable)) as db, \
+                    AdbcConnection(db) as con, AdbcStatement(con) as stmt:
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
+                stmt.set_sql_query(sql)
+                stream, _ = stmt.execute_query()
+                arrow = pa.RecordBatchReader.from_stream(stream).read_all()
+            if flags:
+                arrow.validate(full=True)
+            df = pl.from_arrow(arrow)
+        except Exception:  # any driver or data surprise: the caller takes the other paths
+            return None
+        if not isinstance(df, pl.DataFrame) or any(
+            df.schema[c] not in (dtypes[c], pl.Null()) for c in columns
+        ):
+            return None
+        return df.select(
+            pl.when(pl.col(flags[c]) == 0).then(pl.col(c)).alias(c) if c in flags
+            else pl.col(c).cast(dtypes[c]) for c in columns
+        )
 
     def _adbc_connection(self):  # -> adbc_driver_manager.AdbcConnection | None
         if self._adbc is None:

@@ -1,0 +1,151 @@
+"""Parallel loading (issue 9) must not change results: the bulk ADBC/pyarrow read of big
+tables, frames built in prefetch threads, and the cheap (start, end) sort."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import make_nsys_sqlite
+
+from nsysan.errors import TraceFormatError
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace, TraceMeta
+from nsysan.load import adapters, open_trace
+from nsysan.load import sqlite as sqlite_source
+from nsysan.load.sqlite import SqliteSource
+
+SC22 = "sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlite"
+NVTX_COLS = ["start", "end", "eventType", "text", "globalTid", "textId", "category"]
+
+
+def _nvtx(n: int, text: object = "x") -> list[dict]:
+    rows = [{"start": 10 * i, "end": 10 * i + 5, "eventType": 59, "globalTid": 7,
+             "text": None if i < 3000 or i % 5 == 0 else f"range {i % 7}", "category": None,
+             "textId": i % 3 if i % 2 else None} for i in range(n)]
+    rows[-1]["text"] = text
+    return rows
+
+
+def _both_paths(path: Path, table: str, cols: list[str], monkeypatch: pytest.MonkeyPatch):
+    used: list[object] = []
+    orig = SqliteSource._read_bulk
+    monkeypatch.setattr(SqliteSource, "_read_bulk",
+                        lambda self, *a: used.append(r := orig(self, *a)) or r)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    bulk = SqliteSource(path).read(table, cols)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 10**12)
+    monkeypatch.setenv("NSYSAN_NO_ADBC", "1")
+    rows = SqliteSource(path).read(table, cols)
+    return used, bulk, rows
+
+
+def test_bulk_read_equals_the_row_path_with_null_first_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_nsys_sqlite(tmp_path / "t.sqlite", {"NVTX_EVENTS": _nvtx(5000)})
+    used, bulk, rows = _both_paths(path, "NVTX_EVENTS", NVTX_COLS, monkeypatch)
+    assert used and used[0] is not None  # the bulk path answered, NULL-first text and all
+    assert bulk.equals(rows) and bulk.schema == rows.schema
+    assert bulk["text"].null_count() == rows["text"].null_count() > 3000
+
+
+@pytest.mark.parametrize("bad", [b"ab\xffc", 42])
+def test_text_the_bulk_path_cannot_take_goes_the_row_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: object
+) -> None:
+    """Invalid UTF-8 must never reach polars unvalidated; a number in a TEXT column must read
+    as on the row path."""
+    rows_in = _nvtx(5000, text=bad)
+    path = make_nsys_sqlite(tmp_path / "t.sqlite", {"NVTX_EVENTS": rows_in})
+    if isinstance(bad, bytes):  # store the bytes as TEXT, as a broken exporter would
+        import sqlite3
+
+        con = sqlite3.connect(path)
+        con.execute("UPDATE NVTX_EVENTS SET text = CAST(? AS TEXT) WHERE start = ?",
+                    (bad, 10 * 4999))
+        con.commit()
+        con.close()
+    used, bulk, rows = _both_paths(path, "NVTX_EVENTS", NVTX_COLS, monkeypatch)
+    assert bulk.equals(rows) and bulk.schema == rows.schema
+    if isinstance(bad, bytes):
+        assert used == [None]  # refused: the table was read the other way
+        assert bulk["text"][-1] == "ab\ufffdc"
+    else:
+        assert bulk["text"][-1] == "42"
+
+
+def test_sort_by_time_handles_ties_with_decreasing_ends() -> None:
+    df = pl.DataFrame({"start_ns": [5, 1, 5, 5, 0], "end_ns": [9, 2, 7, 9, 1],
+                       "row": [0, 1, 2, 3, 4]})
+    out = adapters.sort_by_time(df)
+    assert out.equals(df.sort("start_ns", "end_ns", maintain_order=True))
+    assert out["row"].to_list() == [4, 1, 2, 0, 3]
+    ordered = df.filter(pl.col("row") != 2)
+    assert adapters.sort_by_time(ordered).equals(
+        ordered.sort("start_ns", "end_ns", maintain_order=True))
+
+
+def test_prefetched_frames_equal_frames_built_one_by_one(shared_traces: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1000)  # sc22's event tables go bulk
+    names = ["gpu_ops", "cuda_api", "nvtx", "sync", "osrt", "overhead", "gpus", "meta"]
+    serial = open_trace(shared_traces / SC22, frame_cache=False)
+    parallel = open_trace(shared_traces / SC22, frame_cache=False)
+    parallel.prefetch(reversed(names))  # sync (needs cuda_api) is queued before cuda_api
+    for name in names:
+        assert parallel.frame(name).equals(serial.frame(name)), name
+    assert parallel.meta.notes == serial.meta.notes
+
+
+def _trace(loader) -> Trace:
+    meta = TraceMeta(trace_id="t", path=Path("t"), source_path=Path("t"), source_format="memory")
+    return Trace(meta, loader)
+
+
+def test_a_frame_is_built_once_however_many_threads_ask() -> None:
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def loader(name: str) -> pl.DataFrame:
+        calls.append(name)
+        gate.wait(5)
+        return schemas.empty(schemas.CANONICAL[name])
+
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops"])
+    threads = [threading.Thread(target=trace.frame, args=("gpu_ops",)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(5)
+    assert calls == ["gpu_ops"]
+
+
+def test_a_failed_prefetch_raises_in_the_caller() -> None:
+    attempts: list[str] = []
+
+    def loader(name: str) -> pl.DataFrame:
+        attempts.append(name)
+        raise TraceFormatError("corrupt SQLite file while reading CUPTI_ACTIVITY_KIND_KERNEL")
+
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops"])
+    with pytest.raises(TraceFormatError, match="corrupt"):
+        trace.frame("gpu_ops")
+    assert attempts[-1] == "gpu_ops"
+
+
+@pytest.mark.parametrize("bad", ["text", b"\x00", 1.5])
+def test_a_stray_integer_value_reads_as_on_the_row_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: object
+) -> None:
+    rows_in = _nvtx(5000)
+    rows_in[4000]["textId"] = bad  # past ADBC's first batch, where it has typed the column
+    path = make_nsys_sqlite(tmp_path / "t.sqlite", {"NVTX_EVENTS": rows_in})
+    _, bulk, rows = _both_paths(path, "NVTX_EVENTS", NVTX_COLS, monkeypatch)
+    assert bulk.equals(rows) and bulk.schema == rows.schema
+    assert bulk["textId"][3999] == rows_in[3999]["textId"]
