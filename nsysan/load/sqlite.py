@@ -347,7 +347,10 @@ class SqliteSource:
                 arrow = pa.RecordBatchReader.from_stream(stream).read_all()
             if flags:
                 arrow.validate(full=True)
+            # One contiguous copy now, while the batches can be freed right after: sorting a
+            # chunked frame would copy it twice (rechunk, then gather) with both alive.
             df = pl.from_arrow(arrow)
+            del arrow
         except Exception:  # any driver or data surprise: the caller takes the other paths
             return None
         if not isinstance(df, pl.DataFrame) or any(
