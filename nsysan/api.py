@@ -6,7 +6,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from nsysan.errors import ConfigError
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
+
+#: the event frames an analysis reads, in the order the passes first need them
+EVENT_FRAMES = ("gpu_ops", "nvtx", "cuda_api", "sync", "osrt", "overhead")
 
 
 @dataclass
@@ -72,10 +76,13 @@ def analyze(
     tokens_per_step: float | None = None,
     nsys: str | None = None,
     findings: bool = True,
+    hash_inputs: bool = False,
 ) -> AnalysisResult:
     """Run the selected passes (default: all default passes) on one trace.
 
-    ``settings`` are ``{"PASS.PARAM": "VALUE"}`` overrides as given to ``--set``.
+    ``settings`` are ``{"PASS.PARAM": "VALUE"}`` overrides as given to ``--set``. With
+    ``hash_inputs`` (for callers that then `write_outputs`), the input files are hashed for the
+    manifest in a background thread while the passes run.
     """
     specs = registry.resolve(passes)
     params = registry.build_params(specs, settings)
@@ -86,6 +93,10 @@ def analyze(
     t0 = time.perf_counter()
     trace = _open(path_or_trace, nsys)
     timings = {"open": time.perf_counter() - t0}
+    if hash_inputs:
+        from nsysan.report.manifest import default_inputs, prefetch_sha256
+
+        prefetch_sha256(default_inputs(trace))
     if not trace.has("gpu_ops") and not trace.has("cuda_api"):
         from nsysan.errors import SchemaError
 
@@ -93,6 +104,9 @@ def analyze(
             f"{trace.meta.path}: no CUDA activity tables (CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/"
             "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
         )
+    # Frames load in background threads (SQLite reads and polars release the GIL), so the
+    # big tables of a trace are read on both cores and while the first passes run.
+    trace.prefetch(EVENT_FRAMES if findings else EVENT_FRAMES[:3])
     results: dict[str, PassResult] = {}
     for spec in specs:
         t = time.perf_counter()
@@ -139,11 +153,20 @@ def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pa
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)
     try:
-        t = time.perf_counter()
         schemas = {n: s for r in registry.resolve(result.results) for n, s in r.tables.items()}
-        write_tables(result.tables, tmp, schemas)
-        result.timings_s["write_parquet"] = time.perf_counter() - t
-        _write_reports(result, tmp)
+
+        def parquet() -> None:
+            t = time.perf_counter()
+            write_tables(result.tables, tmp, schemas)
+            result.timings_s["write_parquet"] = time.perf_counter() - t
+
+        # Parquet encoding runs in polars without the GIL: it overlaps the pictures and
+        # documents (mostly Python), and the manifest waits for it (it hashes the tables).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-parquet") as pool:
+            tables_written = pool.submit(parquet)
+            _write_reports(result, tmp, tables_written.result)
+            tables_written.result()  # also when no report was written: raise its error
+        _forget_streams(result.trace)
         if final.exists():
             old = root / f".{result.trace_id}.old-{os.getpid()}"
             os.replace(final, old)
@@ -157,12 +180,23 @@ def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pa
     return final
 
 
-def _write_reports(result: AnalysisResult, out_dir: Path) -> None:
+def _write_reports(result: AnalysisResult, out_dir: Path,
+                   before_manifest: Callable[[], object]) -> None:
     try:
         from nsysan.report.write import write_report
     except ImportError:
         return
-    write_report(out_dir, result)
+    write_report(out_dir, result, before_manifest=before_manifest)
+
+
+def _forget_streams(trace: Trace) -> None:
+    """Free the interval streams the findings and the pictures shared (see
+    `nsysan.findings.streams`): nothing reads them once the reports are written."""
+    try:
+        from nsysan.findings import streams
+    except ImportError:  # findings package not installed in this build
+        return
+    streams.forget(trace)
 
 
 def analyze_to_dir(
@@ -171,5 +205,6 @@ def analyze_to_dir(
     **kwargs: Any,
 ) -> tuple[AnalysisResult, Path]:
     """`analyze` then `write_outputs`: what ``nsysan analyze TRACE -o OUT`` does per trace."""
+    kwargs.setdefault("hash_inputs", True)
     result = analyze(path_or_trace, **kwargs)
     return result, write_outputs(result, out_dir)

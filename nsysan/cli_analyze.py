@@ -133,7 +133,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
         try:
             result = analyze(path, passes=selected, settings=parsed,
                              samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                             nsys=str(nsys) if nsys else None)
+                             nsys=str(nsys) if nsys else None, hash_inputs=True)
             target = write_outputs(result, out)
         except ConfigError:
             raise  # a usage mistake applies to every trace: stop at once

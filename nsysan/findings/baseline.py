@@ -157,7 +157,10 @@ def compute_baseline(ctx: Context, samples_per_step: float | None = None,
     b.items += _steps_items(ctx, samples_per_step, tokens_per_step)
     b.items += _device_items(ctx)
     if ctx.trace.has("gpu_ops") and win is not None:
-        n_k = ctx.in_window(ctx.trace.frame("gpu_ops").filter(pl.col("kind") == "kernel")).height
+        # counted by aggregation: filtering first would copy every kernel row
+        n_k = int(ctx.trace.frame("gpu_ops").select(
+            ((pl.col("kind") == "kernel") & (pl.col("start_ns") >= win[0])
+             & (pl.col("start_ns") < win[1])).sum()).item())
         if ctx.n_steps:
             b.items.append(BaselineItem("kernels_per_step", "kernels per step",
                                         n_k / ctx.n_steps, "per_step", "gpu_ops"))

@@ -23,10 +23,13 @@ from functools import cached_property
 
 import polars as pl
 
+from nsysan.findings import streams
 from nsysan.findings.params import FindingParams
 from nsysan.frames import intervals
+from nsysan.frames.packed_keys import Keys
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult
+from nsysan.passes.op_keys import OP_KEY, join_on_op
 
 #: Which pass writes which table (for "not evaluated" reasons).
 TABLE_PASS = {
@@ -200,7 +203,9 @@ class Context:
         of every process using the device, and pageable / synchronous copies to/from it."""
         ops = self.trace.frame("gpu_ops")
         api = self.trace.frame("cuda_api")
-        pid_dev = ops.lazy().select(["pid", "device_id"]).unique()
+        # the (pid, device) pairs: grouping by one column is cheaper than `unique` on two
+        pid_dev = (ops.lazy().group_by("pid").agg(pl.col("device_id").unique())
+                   .explode("device_id", empty_as_null=True))
         syncs = (api.lazy().filter(pl.col("api_class") == "sync")
                  .select(["pid", "start_ns", "end_ns"]).join(pid_dev, on="pid"))
         copies = (self.bad_copies.lazy().filter(pl.col("api_start").is_not_null())
@@ -229,39 +234,55 @@ class Context:
         Needs gpu_ops and cuda_api (callers check). Columns: device_id, start_ns, end_ns,
         duration_ns, kind."""
         p = self.params
-        ops = self.trace.frame("gpu_ops")
-        api = self.trace.frame("cuda_api")
-        busy = ops.lazy().filter(pl.col("start_ns") > 0).select(["device_id", "start_ns",
-                                                                 "end_ns"])
-        gaps = (intervals.complement(busy, by=["device_id"])
+        # the complement of the busy union that the timeline pictures share (streams)
+        gaps = (streams.gaps_between(streams.busy_blocks(self.trace)).lazy()
                 .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
                 .filter(pl.col("duration_ns") < p.short_gap_max_ns))
         win = self.window
         if win is not None:
             gaps = gaps.filter((pl.col("start_ns") >= win[0]) & (pl.col("end_ns") <= win[1]))
-        gaps = self._tag_blocked(gaps.sort("start_ns"))
-
-        # launch: had the host submitted the op(s) that end the gap when the GPU went idle?
-        # A launch call submits the work by the time it returns, so the GPU waited for the
-        # host when the earliest of those calls returned after the gap had started.
-        ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
-        launch_of_op = (
-            ops.lazy().select(["device_id", "start_ns", "global_pid", "correlation_id"])
-            .join(ends, on=["device_id", "start_ns"], how="semi")  # only ops that end a gap
-            .join(api.lazy().select(["global_pid", "correlation_id",
-                                     pl.col("end_ns").alias("_api_end")]),
-                  on=["global_pid", "correlation_id"], how="inner")
-            .group_by(["device_id", "start_ns"]).agg(pl.col("_api_end").min())
-            .rename({"start_ns": "end_ns"})
-        )
-        gaps = gaps.join(launch_of_op, on=["device_id", "end_ns"], how="left")
+        tagged = self._tag_blocked(gaps.sort("start_ns")).collect()
+        # Only gaps that are neither sync nor copy need the launch test, so the launch calls
+        # are looked up for those alone (a fraction of them on traces full of synchronous
+        # copies) and scattered back into place.
+        rows = tagged.select(pl.arg_where(~pl.col("_in_sync") & ~pl.col("_in_copy")))
+        rows = rows.to_series()
+        api_end = pl.repeat(None, tagged.height, dtype=pl.Int64, eager=True).scatter(
+            rows, self._launch_end(tagged[rows]))
         late = pl.col("_api_end").is_not_null() & (pl.col("_api_end") > pl.col("start_ns"))
         kind = (pl.when(pl.col("_in_sync")).then(pl.lit("sync"))
                 .when(pl.col("_in_copy")).then(pl.lit("copy"))
                 .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
-        return (gaps.with_columns(kind.alias("kind"))
-                .select(["device_id", "start_ns", "end_ns", "duration_ns", "kind"])
-                .collect())
+        return (tagged.with_columns(api_end.alias("_api_end"))
+                .select(["device_id", "start_ns", "end_ns", "duration_ns", kind.alias("kind")]))
+
+    def _launch_end(self, gaps: pl.DataFrame) -> pl.Series:
+        """Per gap, the earliest return of the launch calls of the ops that start exactly at
+        its end (null when none).
+
+        launch: had the host submitted the op(s) that end the gap when the GPU went idle? A
+        launch call submits the work by the time it returns, so the GPU waited for the host
+        when the earliest of those calls returned after the gap had started. Both equi-joins
+        run on one packed Int64 key each ((device, time) and the op key (process, correlation
+        id)): on 1M-kernel traces two-column joins cost several times more."""
+        ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
+        ops = (self.trace.frame("gpu_ops")
+               .select(["device_id", "start_ns", "global_pid", "correlation_id"])
+               .drop_nulls())  # an equi-join never matches nulls
+        at = Keys([ops, ends], ["device_id"], ["start_ns"])
+        end_key = at.pack(1, "start_ns").alias("_at")
+        ops = (ops.with_columns(at.pack(0, "start_ns").alias("_at"))
+               .join(end_key.to_frame(), on="_at", how="semi"))  # only ops that end a gap
+        api = self.trace.frame("cuda_api")
+        first_return = (
+            join_on_op(ops.lazy().select(["_at", *OP_KEY]),
+                       api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
+                       [ops, api])
+            .group_by("_at").agg(pl.col("_api_end").min()).collect()
+        )
+        # a gap with a null device gets group code 0, which no (non-null) op has: no match
+        return (end_key.to_frame().join(first_return, on="_at", how="left",
+                                        maintain_order="left")["_api_end"])
 
     def can_classify_short_gaps(self) -> None:
         self.need_frame("gpu_ops")
@@ -303,10 +324,11 @@ class Context:
         p = self.params
         ops = self.trace.frame("gpu_ops")
         api = self.trace.frame("cuda_api")
-        copies = ops.filter(pl.col("kind") == "memcpy").select(
+        # lazy, so that only the needed columns of the copies and calls are gathered
+        copies = ops.lazy().filter(pl.col("kind") == "memcpy").select(
             ["device_id", "start_ns", "end_ns", "global_pid", "correlation_id", "copy_kind",
              "src_kind", "dst_kind", "bytes"])
-        calls = api.filter(pl.col("api_class") == "memcpy").select(
+        calls = api.lazy().filter(pl.col("api_class") == "memcpy").select(
             ["global_pid", "correlation_id", pl.col("name").alias("api_name"),
              pl.col("start_ns").alias("api_start"), pl.col("end_ns").alias("api_end")])
         j = copies.join(calls, on=["global_pid", "correlation_id"], how="left")
@@ -319,22 +341,18 @@ class Context:
         sync_call = (pl.col("api_name").is_not_null() & ~is_async & ~small_h2d
                      & (pl.col("copy_kind") != "DtoD")).fill_null(False)
         return j.filter(pageable | sync_call).with_columns(
-            pl.when(pageable).then(pl.lit("pageable")).otherwise(pl.lit("sync")).alias("why"))
+            pl.when(pageable).then(pl.lit("pageable")).otherwise(pl.lit("sync")).alias("why")
+        ).collect()
 
     def exposed_ns(self, subset: pl.DataFrame) -> int:
         """GPU time of ``subset`` (device_id, start_ns, end_ns) not overlapped by compute:
-        |subset ∪ compute| − |compute| per device, summed."""
+        |subset ∪ compute| − |compute| per device, summed.
+
+        Computed as |∪subset| − |∪subset ∩ ∪compute| against the compute union of the whole
+        trace (memoised: compute outside the subset's span intersects nothing), so only the
+        small subset is merged here."""
         if subset.is_empty():
             return 0
-        devs = subset["device_id"].unique().implode()
-        compute = self.trace.frame("gpu_ops").filter(
-            (pl.col("op_class") == "compute") & pl.col("device_id").is_in(devs)
-            & (pl.col("end_ns") > int(subset["start_ns"].min()))
-            & (pl.col("start_ns") < int(subset["end_ns"].max()))
-        ).select(["device_id", "start_ns", "end_ns"])
-        cols = ["device_id", "start_ns", "end_ns"]
-        both = intervals.total(pl.concat([subset.select(cols), compute]), by=["device_id"])
-        comp = intervals.total(compute, by=["device_id"])
-        a, b = pl.collect_all([both.select(pl.col("busy_ns").sum()),
-                               comp.select(pl.col("busy_ns").sum())])
-        return int(a.item() or 0) - int(b.item() or 0)
+        mine = intervals.union(subset.select(["device_id", "start_ns", "end_ns"]),
+                               by=["device_id"]).collect()
+        return streams.uncovered_ns(mine, streams.compute_blocks(self.trace))

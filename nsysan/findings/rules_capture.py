@@ -17,6 +17,7 @@ from nsysan.findings.evidence import (
     windows_from,
 )
 from nsysan.passes.base import Finding
+from nsysan.passes.op_keys import OP_KEY, join_on_op
 
 #: Missing canonical frame -> (severity, what is lost). NVTX has its own code (NVTX_MISSING).
 _MISSING_SEVERITY = {
@@ -24,7 +25,7 @@ _MISSING_SEVERITY = {
     "cuda_api": ("warning", "no CUDA API calls: no gap causes, launch, sync or copy analysis"),
     "osrt": ("info", "no OS-runtime calls: gap causes cannot name OS waits"),
 }
-_GRAPH_LAUNCH_RE = r"^(cuda|cu)GraphLaunch"
+_GRAPH_LAUNCH_PREFIXES = ("cudaGraphLaunch", "cuGraphLaunch")
 
 
 def nvtx_missing(ctx: Context) -> list[Finding]:
@@ -84,8 +85,13 @@ def graphs_without_nodes(ctx: Context) -> list[Finding]:
     """CUDA_GRAPH_NO_NODES: graph launches but no GPU op with a graph node id."""
     ops = ctx.need_frame("gpu_ops")
     api = ctx.need_frame("cuda_api")
-    launches = api.filter(pl.col("name").str.contains(_GRAPH_LAUNCH_RE))
-    if launches.is_empty() or ops["graph_node_id"].is_not_null().any():
+    # the null count is metadata: when graph nodes were traced the API scan is skipped
+    if ops["graph_node_id"].null_count() < ops.height:
+        return []
+    # prefix tests, not a regex: several times cheaper on millions of API names
+    launches = api.filter(pl.any_horizontal([pl.col("name").str.starts_with(p)
+                                             for p in _GRAPH_LAUNCH_PREFIXES]))
+    if launches.is_empty():
         return []
     metrics = [
         metric("graph_launches", "CUDA graph launches", launches.height, "count"),
@@ -119,18 +125,22 @@ def truncated(ctx: Context) -> list[Finding]:
     p = ctx.params
     ops = ctx.need_frame("gpu_ops")
     api = ctx.need_frame("cuda_api")
-    launches = api.filter((pl.col("api_class") == "launch")
-                          & ~pl.col("name").str.contains("(?i)graph")
-                          & (pl.col("return_value").fill_null(0) == 0))
+    # cheap tests first: the name regex then runs on launch calls only
+    launches = (api.filter((pl.col("api_class") == "launch")
+                           & (pl.col("return_value").fill_null(0) == 0))
+                .filter(~pl.col("name").str.contains("(?i)graph")))
     if launches.is_empty():
         raise NotEvaluated("no kernel launch calls in the trace")
-    lost = launches.join(ops.select(["global_pid", "correlation_id"]).unique(),
-                         on=["global_pid", "correlation_id"], how="anti")
+    # One anti-join (on the packed op key) finds the lost launches; the found ones are the
+    # rest (by row number), not a second join. The GPU side needs no `unique()`: duplicates
+    # do not change an anti-join.
+    launches = launches.with_row_index("_row")
+    lost = join_on_op(launches.lazy(), ops.lazy().select(OP_KEY), [api, ops],
+                      how="anti").collect()
     if lost.is_empty():
         return []
     # launches after the last launch that has its GPU record: work in flight at the stop
-    found = launches.join(ops.select(["global_pid", "correlation_id"]).unique(),
-                          on=["global_pid", "correlation_id"], how="semi")
+    found = launches.filter(~pl.col("_row").is_in(lost["_row"].implode()))
     last_found = int(found["start_ns"].max()) if found.height else -1
     tail = lost.filter(pl.col("start_ns") > last_found)
     inner = lost.height - tail.height

@@ -241,8 +241,9 @@ def memory_churn(ctx: Context) -> list[Finding]:
     win = ctx.count_window
     if win is None:
         raise NotEvaluated("no GPU activity in the trace")
-    calls = ctx.in_window(api.filter((pl.col("api_class") == "malloc")
-                                     & ~pl.col("name").str.contains("(?i)async")), win)
+    # the class test first: the name regex then runs on allocation calls only
+    calls = ctx.in_window(api.filter(pl.col("api_class") == "malloc")
+                          .filter(~pl.col("name").str.contains("(?i)async")), win)
     if calls.is_empty():
         return []
     wlen = win[1] - win[0]
@@ -276,13 +277,17 @@ def slow_start(ctx: Context) -> list[Finding]:
     p = ctx.params
     ops = ctx.need_frame("gpu_ops")
     api = ctx.need_frame("cuda_api")
-    kernels = ops.filter(pl.col("kind") == "kernel")
-    if kernels.is_empty() or api.is_empty():
+    # first starts by aggregation: no copy of the kernel rows (1M+ on big traces)
+    is_kernel = pl.col("kind") == "kernel"
+    n_kernels, first_kernel, first_nccl = ops.select(
+        is_kernel.sum(), pl.col("start_ns").filter(is_kernel).min().alias("k"),
+        pl.col("start_ns").filter(is_kernel & (pl.col("op_class") == "nccl")).min()
+        .alias("c")).row(0)
+    if not n_kernels or api.is_empty():
         raise NotEvaluated("no kernels or no CUDA API calls in the trace")
     first_api = int(api["start_ns"].min())
-    first_kernel = int(kernels["start_ns"].min())
-    nccl = kernels.filter(pl.col("op_class") == "nccl")
-    first_nccl = int(nccl["start_ns"].min()) if nccl.height else None
+    first_kernel = int(first_kernel)
+    first_nccl = int(first_nccl) if first_nccl is not None else None
     ttfk = first_kernel - first_api
     ttfc = first_nccl - first_api if first_nccl is not None else None
     worst = max(ttfk, ttfc or 0)

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from nsysan.frames.intervals import END, START, _over
+from nsysan.frames.intervals import END, START
+from nsysan.frames.packed_keys import Keys
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -30,55 +31,52 @@ def enclosing(
 
     This is the rule of Nsight Systems' ``nvtxgpuproj``. It is exact for any family of ranges:
     ranges that overlap without nesting (start/end ranges) need no special case. How: sort the
-    queries by ``(by, start)``; the queries whose start lies in ``[range.start, range.end]``
-    are then one contiguous block of rows, found with two as-of joins; the blocks are expanded
-    and filtered on the query end. The work is proportional to the number of (query, range)
-    pairs whose query *starts* inside the range, i.e. output-sensitive (queries × nesting
-    depth for NVTX around API calls), never queries × ranges.
+    queries by one packed ``(by, start)`` key (`packed_keys.Keys`); the queries whose start lies
+    in ``[range.start, range.end]`` are then one contiguous block of rows, whose bounds two
+    binary searches find; the blocks are expanded and filtered on the query end. The work is
+    proportional to the number of (query, range) pairs whose query *starts* inside the range,
+    i.e. output-sensitive (queries × nesting depth for NVTX around API calls), never
+    queries × ranges.
 
-    Zero-length queries and ranges take part (a mark-like query at a range boundary is inside).
-    Returns ``by + [query_id, range_id]``, one row per pair, in no particular order.
+    Zero-length queries and ranges take part (a mark-like query at a range boundary is inside);
+    queries with a null bound are inside nothing. Returns ``by + [query_id, range_id]``, one
+    row per pair, in no particular order.
     """
     if query_id == range_id:
         raise ValueError("enclosing: query_id and range_id must be different column names")
     by = list(by)
-    by_arg = by or None
+    # Queries and ranges both name their bounds _s/_e so that one `Keys` packs them alike.
     q = (
         queries.lazy()
-        .select([*by, query_id, pl.col(start).alias("_qs"), pl.col(end).alias("_qe")])
-        .sort([*by, "_qs"])
-        .with_row_index("_qi")
-        .with_columns(pl.col("_qi").cast(pl.Int64))
-    )
-    # One row per distinct (key, start): the first and last row index with that start, so the
-    # as-of joins never depend on which of several equal starts they land on.
-    starts = q.group_by([*by, "_qs"]).agg(
-        pl.col("_qi").min().alias("_lo"), pl.col("_qi").max().alias("_hi")
+        .select([*by, query_id, pl.col(start).alias("_s"), pl.col(end).alias("_e")])
+        .filter(pl.col("_s").is_not_null() & pl.col("_e").is_not_null())
+        .collect()
     )
     r = (
         ranges.lazy()
-        .select([*by, range_id, pl.col(start).alias("_rs"), pl.col(end).alias("_re")])
-        .filter(pl.col("_re") >= pl.col("_rs"))
+        .select([*by, range_id, pl.col(start).alias("_s"), pl.col(end).alias("_e")])
+        .filter(pl.col("_e") >= pl.col("_s"))
+        .collect()
     )
-    # First query starting at or after the range start; last query starting at or before its end.
-    lo = r.sort("_rs").join_asof(
-        starts.select([*by, "_qs", "_lo"]).sort("_qs"), left_on="_rs", right_on="_qs",
-        by=by_arg, strategy="forward", check_sortedness=False,
-    )
-    blocks = lo.drop("_qs").sort("_re").join_asof(
-        starts.select([*by, "_qs", "_hi"]).sort("_qs"), left_on="_re", right_on="_qs",
-        by=by_arg, strategy="backward", check_sortedness=False,
-    )
+    keys = Keys([q, r], by, ["_s", "_e"])
+    q = q.with_columns(keys.pack(0, "_s").alias("_k")).sort("_k")
+    # Block of the queries starting in [range start, range end]: [lo, hi) in sorted order.
+    lo = q["_k"].search_sorted(keys.pack(1, "_s"), side="left")
+    hi = q["_k"].search_sorted(keys.pack(1, "_e"), side="right")
     pairs = (
-        blocks.filter(pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null()
-                      & (pl.col("_lo") <= pl.col("_hi")))
-        .select([range_id, "_re", pl.int_ranges("_lo", pl.col("_hi") + 1).alias("_qi")])
-        .explode("_qi", empty_as_null=False)  # lo <= hi: lists are never empty
+        r.select(range_id, "_e")
+        .with_columns(lo.alias("_lo"), hi.alias("_hi"))
+        .filter(pl.col("_hi") > pl.col("_lo"))
+        .select(range_id, pl.col("_e").alias("_re"), pl.int_ranges("_lo", "_hi").alias("_qi"))
+        .explode("_qi", empty_as_null=False)  # _lo < _hi: lists are never empty
     )
+    qi = pairs["_qi"]
     return (
-        pairs.join(q, on="_qi", how="inner")
-        .filter(pl.col("_qe") <= pl.col("_re"))
+        q.select([pl.col(c).gather(qi) for c in [*by, query_id, "_e"]])
+        .hstack(pairs.select(range_id, "_re"))
+        .filter(pl.col("_e") <= pl.col("_re"))
         .select([*by, query_id, range_id])
+        .lazy()
     )
 
 
@@ -118,24 +116,33 @@ def tightest(
     closest to it on both sides, Nsight Systems' parent rule); ties go to the later start,
     then to the greater ``depth`` (when given), then to the greater ``range_id``. For properly
     nested ranges this is the innermost one; for ranges that overlap without nesting it is
-    still well defined. Returns ``by + [query_id, range_id]``.
+    still well defined. Returns ``by + [query_id, range_id]``, in no particular order.
     """
     by = list(by)
     extra = [depth] if depth else []
-    rng = ranges.lazy().select(
-        [*by, range_id, pl.col(start).alias("_rs"), pl.col(end).alias("_re"), *extra]
+    # Rank the ranges once by tightness (a sort of the ranges, not of the larger pair list);
+    # per query the tightest range is then the one of minimal rank.
+    ranked = (
+        ranges.lazy()
+        .select([*by, range_id, (pl.col(end) - pl.col(start)).alias("_len"),
+                 pl.col(start).alias("_rs"), *extra])
+        .sort(["_len", "_rs", *extra, range_id],
+              descending=[False, True, *([True] * len(extra)), True])
+        .select([*by, range_id])
+        .collect()
     )
-    ranked = pairs.lazy().join(rng, on=[*by, range_id], how="inner").with_columns(
-        (pl.col("_re") - pl.col("_rs")).alias("_len")
-    )
-    order = ["_len", "_rs", *extra, range_id]
-    descending = [False, True, *([True] * len(extra)), True]
-    return (
-        ranked.sort([*by, query_id, *order], descending=[*([False] * (len(by) + 1)), *descending])
-        .group_by([*by, query_id], maintain_order=True)
-        .first()
+    best = (
+        pairs.lazy()
         .select([*by, query_id, range_id])
+        .join(ranked.with_row_index("_rank").lazy(), on=[*by, range_id], how="inner")
+        .group_by([*by, query_id])
+        .agg(pl.col("_rank").min())
+        .collect()
     )
+    # A rank is a row of the tightness-sorted ranges: a gather gives the range back.
+    return best.select(
+        [*by, query_id, ranked[range_id].gather(best["_rank"])]
+    ).lazy()
 
 
 def equal_shares(
@@ -157,40 +164,46 @@ def equal_shares(
     appended (zero-length intervals get 0).
     """
     by = list(by)
-    lf = df.lazy()
-    events = pl.concat(
-        [
-            lf.select([*by, pl.col(start).alias("_t"), pl.lit(1, pl.Int64).alias("_d")]),
-            lf.select([*by, pl.col(end).alias("_t"), pl.lit(-1, pl.Int64).alias("_d")]),
-        ]
-    )
+    frame = df.lazy().collect()
+    valid = pl.col(start).is_not_null() & pl.col(end).is_not_null()
+    x = frame.select([*by, start, end]).filter(valid)
+    # Group and time packed into one Int64 key: one single-key sort of the +1/-1 events gives
+    # every group's breakpoints in order, and binary searches replace joins on (by, time).
+    keys = Keys([x], by, [start, end])
+    k_start, k_end = keys.pack(0, start), keys.pack(0, end)
+    ones = pl.repeat(1, x.height, dtype=pl.Int64, eager=True)
+    # The active count after all events at an instant: the running sum at its last event
+    # (deltas sum to zero per group, so the sum restarts at every group by itself).
     per_t = (
-        events.group_by([*by, "_t"])
-        .agg(pl.col("_d").sum())
-        .sort([*by, "_t"])
-        .with_columns(_over(pl.col("_d").cum_sum(), by).alias("_k"))
-        .with_columns(_over(pl.col("_t").shift(-1), by).alias("_next"))
+        pl.DataFrame({"_k": pl.concat([k_start, k_end]), "_d": pl.concat([ones, -ones])})
+        .sort("_k")
+        .select("_k", pl.col("_d").cum_sum().alias("_n"))
+        .filter(pl.col("_k") != pl.col("_k").shift(-1, fill_value=-1))
+        .with_columns(keys.group(pl.col("_k")).alias("_g"), keys.time(pl.col("_k")).alias("_t"))
     )
     # Weight of the segment [t, next): its length divided by how many intervals are active.
+    same_group_next = pl.col("_g") == pl.col("_g").shift(-1)
     weight = (
-        pl.when((pl.col("_k") > 0) & pl.col("_next").is_not_null())
-        .then((pl.col("_next") - pl.col("_t")).cast(pl.Float64) / pl.col("_k"))
+        pl.when((pl.col("_n") > 0) & same_group_next)
+        .then((pl.col("_t").shift(-1) - pl.col("_t")).cast(pl.Float64) / pl.col("_n"))
         .otherwise(0.0)
     )
-    # F(t) relative to the group's first breakpoint keeps the Float64 values small.
-    cum = per_t.with_columns(_over(weight.cum_sum().shift(1, fill_value=0.0), by).alias("_F"))
-    f = cum.select([*by, "_t", "_F"])
-    return (
-        lf.join(f.rename({"_t": start, "_F": "_Fs"}), on=[*by, start], how="left")
-        .join(f.rename({"_t": end, "_F": "_Fe"}), on=[*by, end], how="left")
-        .with_columns(
-            pl.when(pl.col(end) > pl.col(start))
-            .then(pl.col("_Fe") - pl.col("_Fs"))
-            .otherwise(0.0)
-            .alias(name)
-        )
-        .drop("_Fs", "_Fe")
-    )
+    # F(t) relative to the group's first breakpoint keeps the Float64 values small; the sum
+    # restarts per group (a window over the few groups) so every share is summed in the same
+    # order as a per-group sweep would.
+    f = per_t.select(
+        (weight.cum_sum().shift(1, fill_value=0.0).over("_g") if by
+         else weight.cum_sum().shift(1, fill_value=0.0)).alias("_F")
+    )["_F"]
+    at_s = f.gather(per_t["_k"].search_sorted(k_start, side="left"))
+    at_e = f.gather(per_t["_k"].search_sorted(k_end, side="left"))
+    share = x.select(
+        pl.when(pl.col(end) > pl.col(start)).then(at_e - at_s).otherwise(0.0).alias(name)
+    )[name]
+    if x.height < frame.height:  # rows with a null bound take no part and get 0
+        rows = frame.select(pl.int_range(pl.len()).filter(valid))[:, 0]
+        share = pl.zeros(frame.height, pl.Float64, eager=True).scatter(rows, share).alias(name)
+    return frame.with_columns(share).lazy()
 
 
 def nesting(

@@ -45,6 +45,7 @@ from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.op_keys import KEY, op_key
 
 RANGE_STYLES = ("push_pop", "start_end")
 _OP_KEY = ["global_pid", "correlation_id"]
@@ -105,7 +106,7 @@ def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
 
 
 def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFrame:
-    """Round per-(range, device) Float64 shares to Int64 ns so that each device's sum equals
+    """Round per-(range index, device) Float64 shares to Int64 ns so that each device's sum equals
     its union exactly: floor everything, then hand the missing ns to the largest remainders
     (or, if float error overshot, take them back from the smallest)."""
     floored = shares.with_columns(pl.col("share").floor().alias("_fl")).with_columns(
@@ -119,7 +120,7 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     )
     ranked = (
         floored.join(need, on="device_id", how="left")
-        .sort(["device_id", "_frac", "range_id"], descending=[False, True, False])
+        .sort(["device_id", "_frac", "rix"], descending=[False, True, False])
         .with_columns(pl.int_range(pl.len()).over("device_id").alias("_rank_desc"))
         .with_columns(
             (pl.len().over("device_id") - 1 - pl.col("_rank_desc")).alias("_rank_asc")
@@ -129,9 +130,36 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     # (Overshoot is float error of a few ulps: never take a ns from a zero share.)
     minus = (pl.col("_need") < 0) & (pl.col("_rank_asc") < -pl.col("_need")) & (pl.col("_fl") > 0)
     return ranked.select(
-        "range_id",
+        "rix",
         "device_id",
         (pl.col("_fl") + plus.cast(pl.Int64) - minus.cast(pl.Int64)).alias("exclusive_gpu_ns"),
+    )
+
+
+def _launches(cuda_api: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The API calls that launched GPU ops (``launch_id``, ``global_tid``, bounds) and the
+    op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds), on ``_OP_KEY``
+    packed into one column (`op_keys.op_key`, computed once for both joins)."""
+    key = op_key([cuda_api, ops])
+    api = (
+        cuda_api.select(key, "global_tid", "start_ns", "end_ns")
+        .with_row_index("launch_id")
+        .with_columns(pl.col("launch_id").cast(pl.Int64))
+    )
+    op_k = ops.select("op_id", key, "device_id", "start_ns", "end_ns")
+    launches = api.join(op_k.select(KEY), on=KEY, how="semi")
+    op_launch = op_k.join(launches.select("launch_id", KEY), on=KEY, how="inner").select(
+        "op_id", "launch_id", "device_id", "start_ns", "end_ns"
+    )
+    return launches.select("launch_id", "global_tid", "start_ns", "end_ns"), op_launch
+
+
+def _busy(members: pl.DataFrame, group: str) -> pl.LazyFrame:
+    """``gpu_busy_ns`` per ``group``: the union of its op intervals per device, summed."""
+    return (
+        iv.total(members, by=[group, "device_id"], name="gpu_busy_ns")
+        .group_by(group)
+        .agg(pl.col("gpu_busy_ns").sum())
     )
 
 
@@ -153,74 +181,64 @@ def _unavailable_reason(trace: Trace, ranges: pl.DataFrame, launch_tids: pl.Seri
 
 def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult:
     trace_id = trace.trace_id
-    ranges = _with_nesting(eligible_ranges(trace.nvtx))
+    # ``rix``: a dense range index in range_id order. Every heavy step keys on it (one small
+    # integer) and ties broken on range_id break the same way on it.
+    ranges = _with_nesting(eligible_ranges(trace.nvtx)).sort("range_id").with_row_index("rix")
+    layer_of = layer_name(pl.col("name")) if params.group_numbered else pl.col("name")
+    # Layers get a dense id too: strings stay out of the group-bys over memberships.
+    layer_keys = ranges.select("domain", layer_of.alias("name"))
+    layer_tab = layer_keys.unique().with_row_index("lid")
+    lid_of_rix = layer_keys.join(
+        layer_tab, on=["domain", "name"], how="left", nulls_equal=True, maintain_order="left"
+    )["lid"]
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
     ops = (
         trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").fill_null(-1), "start_ns", "end_ns"])
         .with_row_index("op_id")
     )
-    launches = (
-        trace.cuda_api.select([*_OP_KEY, "global_tid", "start_ns", "end_ns"])
-        .join(ops.select(_OP_KEY).unique(), on=_OP_KEY, how="semi")
-        .with_row_index("launch_id")
-        .with_columns(pl.col("launch_id").cast(pl.Int64))
-    )
-    rng = ranges.select("range_id", "global_tid", "start_ns", "end_ns", "depth")
+    launches, op_launch = _launches(trace.cuda_api, ops)
+    rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     pairs = cn.enclosing(
-        launches, rng, by=["global_tid"], query_id="launch_id", range_id="range_id"
+        launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
     ).collect()
-    op_launch = ops.join(
-        launches.select("launch_id", *_OP_KEY), on=_OP_KEY, how="inner"
-    ).select("op_id", "launch_id", "device_id", "start_ns", "end_ns")
     # Inclusive membership: (range, op) for every enclosing range.
-    inc = pairs.select("launch_id", "range_id").join(op_launch, on="launch_id")
+    inc = pairs.select("launch_id", "rix").join(op_launch, on="launch_id")
+    inc = inc.with_columns(lid=lid_of_rix.gather(inc["rix"]))
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
-    inner = cn.tightest(
-        pairs, rng, by=["global_tid"], query_id="launch_id", range_id="range_id", depth="depth"
-    ).select("launch_id", "range_id")
+    # (launch_id and rix are unique across threads: no ``by`` needed.)
+    inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
     owned = (
         op_launch.lazy()
         .join(inner, on="launch_id")
-        .sort(["op_id", "range_id"])
+        .sort(["op_id", "rix"])
         .unique("op_id", keep="first")  # an op with two identical API rows is owned once
-        .select("op_id", "range_id", "device_id", "start_ns", "end_ns")
+        .select("op_id", "rix", "device_id", "start_ns", "end_ns")
         .collect()
     )
-    layer_of = layer_name(pl.col("name")) if params.group_numbered else pl.col("name")
-    layer_keys = ranges.select("range_id", "domain", layer_of.alias("name"))
-    inc_named = inc.join(layer_keys, on="range_id")
 
-    proj = inc.lazy().group_by("range_id").agg(
+    proj = inc.lazy().group_by("rix").agg(
         pl.col("start_ns").min().alias("proj_start_ns"),
         pl.col("end_ns").max().alias("proj_end_ns"),
         pl.col("launch_id").n_unique().cast(pl.Int64).alias("n_gpu_ops"),
     )
-    busy = (
-        iv.total(inc, by=["range_id", "device_id"], name="gpu_busy_ns")
-        .group_by("range_id")
-        .agg(pl.col("gpu_busy_ns").sum())
-    )
+    busy = _busy(inc, "rix")
     owned_union = iv.total(owned, by=["device_id"])
     shares = (
         cn.equal_shares(owned, by=["device_id"])
-        .group_by("range_id", "device_id")
+        .group_by("rix", "device_id")
         .agg(pl.col("share_ns").sum().alias("share"))
     )
     exclusive = (
         _largest_remainder(shares, owned_union)
-        .group_by("range_id")
+        .group_by("rix")
         .agg(pl.col("exclusive_gpu_ns").sum())
     )
     total_busy = iv.total(ops, by=["device_id"])
-    layer_ops = inc_named.lazy().group_by("domain", "name").agg(
+    layer_ops = inc.lazy().group_by("lid").agg(
         pl.col("launch_id").n_unique().cast(pl.Int64).alias("n_gpu_ops")
     )
-    layer_busy = (
-        iv.total(inc_named, by=["domain", "name", "device_id"], name="gpu_busy_ns")
-        .group_by("domain", "name")
-        .agg(pl.col("gpu_busy_ns").sum())
-    )
+    layer_busy = _busy(inc, "lid")
     (proj_df, busy_df, excl_df, owned_u_df, total_df, lops_df, lbusy_df) = pl.collect_all(
         [proj, busy, exclusive, owned_union, total_busy, layer_ops, layer_busy]
     )
@@ -228,12 +246,12 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
 
     attribution = (
         ranges.select(
-            "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
+            "rix", "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
             pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
         )
-        .join(proj_df, on="range_id", how="left")
-        .join(busy_df, on="range_id", how="left")
-        .join(excl_df, on="range_id", how="left")
+        .join(proj_df, on="rix", how="left")
+        .join(busy_df, on="rix", how="left")
+        .join(excl_df, on="rix", how="left")
         .with_columns(
             pl.col("n_gpu_ops").fill_null(0),
             pl.col("gpu_busy_ns").fill_null(0),
@@ -245,14 +263,15 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     total_gpu = int(total_df["busy_ns"].sum())
     attributed = int(owned_u_df["busy_ns"].sum())
     layers = (
-        attribution.select("domain", layer_of.alias("name"), "exclusive_gpu_ns")
-        .group_by("domain", "name")
+        attribution.select(lid_of_rix.gather(attribution["rix"]).alias("lid"), "exclusive_gpu_ns")
+        .group_by("lid")
         .agg(
             pl.len().cast(pl.Int64).alias("instances"),
             pl.col("exclusive_gpu_ns").sum(),
         )
-        .join(lops_df, on=["domain", "name"], how="left", nulls_equal=True)
-        .join(lbusy_df, on=["domain", "name"], how="left", nulls_equal=True)
+        .join(layer_tab, on="lid")
+        .join(lops_df, on="lid", how="left")
+        .join(lbusy_df, on="lid", how="left")
         .with_columns(
             pl.col("n_gpu_ops").fill_null(0),
             pl.col("gpu_busy_ns").fill_null(0),

@@ -59,32 +59,22 @@ from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import gap_causes as gc
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.steps import STEP_NAME_PATTERN, step_windows
+
+# CATEGORIES and STEP_NAME_PATTERN are re-exported: they are part of this pass's vocabulary.
+from nsysan.passes.gap_causes import CATEGORIES as CATEGORIES
+from nsysan.passes.gap_causes import KEY_COLS, MS, SCOPE_KEYS
+from nsysan.passes.steps import STEP_NAME_PATTERN as STEP_NAME_PATTERN
+from nsysan.passes.steps import step_windows
 
 SCOPES = ("device", "stream", "process_device")
-SCOPE_KEYS = {
-    "device": ["device_id"],
-    "stream": ["pid", "device_id", "stream_id"],
-    "process_device": ["pid", "device_id"],
-}
-KEY_COLS = ["pid", "device_id", "stream_id"]
 #: PROFILER_OVERHEAD names that nsys's gpu-starv rule counts as GPU busy time
 STARV_OVERHEAD_NAMES = (
     "CUDA profiling data flush overhead",
     "CUDA profiling stop overhead",
     "CUDA profiling overhead",
 )
-#: evidence categories: (cause in GAP_CAUSES, column in GAPS, short label in cause_detail)
-CATEGORIES = (
-    ("sync_api", "sync_api_ns", "sync_api"),
-    ("sync_copy", "sync_copy_ns", "sync_copy"),
-    ("launch_bound", "launch_ns", "launch"),
-    ("osrt_wait", "osrt_ns", "osrt"),
-    ("nvtx_range", "nvtx_ns", "nvtx"),
-    ("profiler_overhead", "overhead_ns", "overhead"),
-)
-MS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -145,270 +135,36 @@ def _scope_gaps(
     dur = pl.col("end_ns") - pl.col("start_ns")
     # nsys's rule keeps gaps strictly longer than its threshold; the others keep >= threshold.
     keep = dur > min_gap_ns if scope == "process_device" else dur >= min_gap_ns
+    # The union of the ops (its sort dominates) runs once, inside the complement: busy time
+    # is the span minus every gap, kept or not.
+    every_gap = iv.complement(busy, by=keys).collect()
     gaps = (
-        iv.complement(busy, by=keys)
+        every_gap.lazy()
         .filter(keep)
         .with_columns(*null_keys, pl.lit(scope).alias("scope"), dur.alias("duration_ns"))
     )
+    idle = every_gap.lazy().group_by(keys).agg(dur.sum().alias("_idle"))
+    # A partition with a null key gets a null busy time, as it always has: a join on the keys
+    # (here, with its gaps) never matches nulls.
+    known = pl.all_horizontal(pl.col(k).is_not_null() for k in keys)
     part = (
         busy.filter(pl.col("end_ns") > pl.col("start_ns"))
         .group_by(keys)
         .agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"))
-        .join(iv.total(busy, by=keys), on=keys, how="left")
-        .with_columns(*null_keys, pl.lit(scope).alias("scope"))
+        .join(idle, on=keys, how="left")
+        .with_columns(
+            pl.when(known).then(pl.col("_e") - pl.col("_s") - pl.col("_idle").fill_null(0))
+            .alias("busy_ns"),
+            *null_keys,
+            pl.lit(scope).alias("scope"),
+        )
     )
     return gaps, part
 
 
 # ---------------------------------------------------------------------------------------------
-# Evidence
-# ---------------------------------------------------------------------------------------------
-def _prune(df: pl.LazyFrame, windows: pl.LazyFrame) -> pl.LazyFrame:
-    """Rows of ``df`` overlapping any of the disjoint, sorted ``windows`` (``_ws, _we``).
-
-    For an interval [s, e), the last window starting before e is the only candidate: earlier
-    windows end before it starts. One sorted as-of search instead of a cross join.
-    """
-    return (
-        df.filter(pl.col("end_ns") > pl.col("start_ns"))
-        .with_columns((pl.col("end_ns") - 1).alias("_probe"))
-        .sort("_probe")
-        .join_asof(windows, left_on="_probe", right_on="_ws", strategy="backward")
-        .filter(pl.col("_we") > pl.col("start_ns"))
-        .drop("_probe", "_ws", "_we")
-    )
-
-
-def _evidence(
-    trace: Trace, ops: pl.LazyFrame, windows: pl.LazyFrame, params: GapsParams
-) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """(process-level evidence keyed by pid, thread-level evidence keyed by global_tid).
-
-    Both have ``cat, label, start_ns, end_ns`` plus the key; only rows in some gap window.
-    """
-    api = _prune(
-        trace.frame("cuda_api").lazy().select(
-            "pid", "global_tid", "global_pid", "correlation_id", "name", "api_class",
-            "start_ns", "end_ns",
-        ),
-        windows,
-    )
-    pageable = (
-        ops.filter(
-            (pl.col("kind") == "memcpy")
-            & ((pl.col("src_kind") == "pageable") | (pl.col("dst_kind") == "pageable"))
-        )
-        .select("global_pid", "correlation_id", pl.lit(True).alias("_pageable"))
-        .unique()
-    )
-    api = api.join(pageable, on=["global_pid", "correlation_id"], how="left")
-    name = pl.col("name").fill_null("?")
-    api_cat = (
-        pl.when(pl.col("_pageable").fill_null(False))
-        .then(pl.lit("sync_copy"))
-        # cudaStreamWaitEvent orders GPU work and returns at once: it never blocks the host.
-        .when((pl.col("api_class") == "sync") & ~name.str.contains("WaitEvent"))
-        .then(pl.lit("sync_api"))
-        .when(pl.col("api_class").is_in(["memcpy", "memset"]) & ~name.str.contains("Async"))
-        .then(pl.lit("sync_copy"))
-        .when(pl.col("api_class").is_in(["launch", "graph"]))
-        .then(pl.lit("launch_bound"))
-    )
-    api_label = pl.when(pl.col("_pageable").fill_null(False)).then(name + " pageable").otherwise(
-        name
-    )
-    proc_cols = ["pid", "cat", "label", "start_ns", "end_ns"]
-    api_ev = api.with_columns(api_cat.alias("cat"), api_label.alias("label")).filter(
-        pl.col("cat").is_not_null()
-    )
-    # CUPTI sync records: labelled with the API that waited when it can be joined.
-    blocking = pl.col("sync_type").fill_null("") != "stream_wait_event"
-    sync = _prune(trace.frame("sync").lazy().filter(blocking), windows).join(
-        trace.frame("cuda_api").lazy().select(
-            "global_pid", "correlation_id", pl.col("name").alias("_api")
-        ),
-        on=["global_pid", "correlation_id"],
-        how="left",
-    )
-    sync_ev = sync.select(
-        "pid",
-        pl.lit("sync_api").alias("cat"),
-        pl.coalesce("_api", pl.col("sync_type").fill_null("sync")).alias("label"),
-        "start_ns",
-        "end_ns",
-    )
-    ovh_ev = _prune(trace.frame("overhead").lazy(), windows).select(
-        "pid", pl.lit("profiler_overhead").alias("cat"), pl.col("name").alias("label"),
-        "start_ns", "end_ns",
-    )
-    proc = pl.concat([api_ev.select(proc_cols), sync_ev, ovh_ev], how="vertical_relaxed")
-
-    osrt_ev = _prune(trace.frame("osrt").lazy(), windows).select(
-        "global_tid", pl.lit("osrt_wait").alias("cat"), pl.col("name").alias("label"),
-        "start_ns", "end_ns",
-    )
-    thread = pl.concat([osrt_ev, _nvtx_evidence(trace, ops, windows, params)])
-    return proc, thread
-
-
-def _nvtx_evidence(
-    trace: Trace, ops: pl.LazyFrame, windows: pl.LazyFrame, params: GapsParams
-) -> pl.LazyFrame:
-    """Host-only application NVTX ranges in gap windows (see the module doc)."""
-    excluded = [d.lower() for d in params.nvtx_exclude_domains]
-    ranges = _prune(
-        trace.frame("nvtx").lazy().filter(
-            (pl.col("style") != "mark")
-            & (
-                pl.col("end_global_tid").is_null()
-                | (pl.col("end_global_tid") == pl.col("global_tid"))
-            )
-            & ~pl.col("domain").fill_null("").str.to_lowercase().is_in(excluded)
-            & ~pl.col("name").fill_null("").str.contains(STEP_NAME_PATTERN)
-        ).select("global_tid", "name", "start_ns", "end_ns"),
-        windows,
-    )
-    # Running count of work-launching API calls per thread; a range launched work when the
-    # count before its end exceeds the count before its start.
-    calls = (
-        trace.frame("cuda_api").lazy()
-        .select("global_tid", "global_pid", "correlation_id", "start_ns")
-        .join(ops.select("global_pid", "correlation_id").unique(),
-              on=["global_pid", "correlation_id"], how="semi")
-        .sort("start_ns")
-        .with_columns(pl.int_range(1, pl.len() + 1).over("global_tid").alias("_n"))
-        .select("global_tid", pl.col("start_ns").alias("_t"), "_n")
-    )
-
-    def count_before(lf: pl.LazyFrame, col: str, alias: str) -> pl.LazyFrame:
-        return (
-            lf.with_columns((pl.col(col) - 1).alias("_probe"))
-            .sort("_probe")
-            .join_asof(calls, left_on="_probe", right_on="_t", by="global_tid",
-                       strategy="backward", check_sortedness=False)
-            .with_columns(pl.col("_n").fill_null(0).alias(alias))
-            .drop("_probe", "_t", "_n")
-        )
-
-    launched = count_before(count_before(ranges, "start_ns", "_n0"), "end_ns", "_n1")
-    return launched.filter(pl.col("_n1") == pl.col("_n0")).select(
-        "global_tid", pl.lit("nvtx_range").alias("cat"), pl.col("name").alias("label"),
-        "start_ns", "end_ns",
-    )
-
-
-def _explain(
-    gaps: pl.LazyFrame,
-    owners_pid: pl.LazyFrame,
-    owners_tid: pl.LazyFrame,
-    proc: pl.LazyFrame,
-    thread: pl.LazyFrame,
-) -> pl.LazyFrame:
-    """Clipped evidence ``gap_id, cat, label, start_ns, end_ns`` of every gap."""
-    g = gaps.select("gap_id", pl.col("start_ns").alias("_gs"), pl.col("end_ns").alias("_ge"))
-
-    def hits(ev: pl.LazyFrame, owners: pl.LazyFrame, key: str) -> pl.LazyFrame:
-        # IEJoin on time overlap (bounded by evidence x concurrent gaps), then ownership.
-        return (
-            ev.join_where(g, pl.col("start_ns") < pl.col("_ge"), pl.col("end_ns") > pl.col("_gs"))
-            .join(owners, on=["gap_id", key], how="semi")
-            .select(
-                "gap_id", "cat", "label",
-                pl.max_horizontal("start_ns", "_gs").alias("start_ns"),
-                pl.min_horizontal("end_ns", "_ge").alias("end_ns"),
-            )
-        )
-
-    return pl.concat([hits(proc, owners_pid, "pid"), hits(thread, owners_tid, "global_tid")])
-
-
-def _fmt_ms(ns: pl.Expr) -> pl.Expr:
-    ms = ns / MS
-    return pl.when(ms >= 1).then(ms.round(1)).otherwise(ms.round(3)).cast(pl.String)
-
-
-def _causes(gaps: pl.LazyFrame, clipped: pl.LazyFrame, min_cause_frac: float) -> pl.LazyFrame:
-    """Gaps with their per-category coverage, cause, cause_frac and cause_detail."""
-    cols = [col for _, col, _ in CATEGORIES]
-    cov = (
-        iv.total(clipped, by=["gap_id", "cat"], name="ns")
-        .group_by("gap_id")
-        .agg(pl.col("ns").filter(pl.col("cat") == cat).sum().alias(col)
-             for cat, col, _ in CATEGORIES)
-    )
-    any_cov = iv.total(clipped, by=["gap_id"], name="_any")
-    per_label = (
-        iv.total(clipped, by=["gap_id", "cat", "label"], name="ns")
-        .sort(["gap_id", "ns", "label"], descending=[False, True, False])
-        .group_by("gap_id", maintain_order=True)
-        .head(3)
-        .join(gaps.select("gap_id", "duration_ns"), on="gap_id")
-        .with_columns(
-            pl.col("cat").replace({c: short for c, _, short in CATEGORIES}).alias("cat"),
-            pl.int_range(pl.len()).over("gap_id").alias("_rank"),
-        )
-        .with_columns(
-            pl.when(pl.col("_rank") == 0)
-            .then(pl.format("{} ({}) {} ms of {} ms", "label", "cat", _fmt_ms(pl.col("ns")),
-                            _fmt_ms(pl.col("duration_ns"))))
-            .otherwise(pl.format("{} ({}) {} ms", "label", "cat", _fmt_ms(pl.col("ns"))))
-            .alias("_item")
-        )
-        .group_by("gap_id", maintain_order=True)
-        .agg(pl.col("_item").str.join("; ").alias("cause_detail"))
-    )
-    out = (
-        gaps.join(cov, on="gap_id", how="left")
-        .with_columns(pl.col(c).fill_null(0).cast(pl.Int64) for c in cols)
-        .join(any_cov, on="gap_id", how="left")
-        .join(per_label, on="gap_id", how="left")
-    )
-    # Largest coverage wins; the first column equal to the maximum keeps the GAP_CAUSES order
-    # for ties.
-    best = pl.max_horizontal(cols)
-    pick = pl.when(pl.col(cols[0]) == best).then(pl.lit(CATEGORIES[0][0]))
-    for cause, col, _ in CATEGORIES[1:]:
-        pick = pick.when(pl.col(col) == best).then(pl.lit(cause))
-    dur = pl.col("duration_ns").cast(pl.Float64)
-    enough = best >= min_cause_frac * dur
-    return out.with_columns(
-        pl.when(enough & (best > 0)).then(pick).otherwise(pl.lit("no_cuda_activity"))
-        .alias("cause"),
-        pl.when(enough & (best > 0)).then(best / dur)
-        .otherwise(1 - pl.col("_any").fill_null(0) / dur).alias("cause_frac"),
-        pl.col("cause_detail").fill_null(
-            "no CUDA API, OS-runtime, NVTX or profiler activity on the device's processes"
-        ),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # The pass
 # ---------------------------------------------------------------------------------------------
-def _owners(trace: Trace, ops: pl.LazyFrame, gaps: pl.LazyFrame, scopes: tuple[str, ...]):
-    """(gap_id, pid) and (gap_id, global_tid) pairs: whose host activity explains each gap."""
-    procs = ops.select(KEY_COLS).unique()
-    threads = (
-        trace.frame("cuda_api").lazy().select("global_pid", "correlation_id", "global_tid")
-        .join(ops.select("global_pid", "correlation_id", *KEY_COLS),
-              on=["global_pid", "correlation_id"])
-        .select(*KEY_COLS, "global_tid")
-        .unique()
-    )
-    by_pid, by_tid = [], []
-    for scope in scopes:
-        keys = SCOPE_KEYS[scope]
-        g = gaps.filter(pl.col("scope") == scope).select("gap_id", *keys)
-        if "pid" in keys:
-            by_pid.append(g.select("gap_id", "pid"))
-        else:  # device scope: every process with an op on the device
-            by_pid.append(g.join(procs.select(*keys, "pid").unique(), on=keys)
-                          .select("gap_id", "pid"))
-        by_tid.append(g.join(threads.select(*keys, "global_tid").unique(), on=keys)
-                      .select("gap_id", "global_tid"))
-    return pl.concat(by_pid).unique(), pl.concat(by_tid).unique()
-
-
 def _assign_steps(gaps: pl.LazyFrame, steps: pl.DataFrame | None) -> pl.LazyFrame:
     if steps is None:
         return gaps.with_columns(pl.lit(None, pl.Int64).alias("step"))
@@ -500,11 +256,13 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
         windows = (
             iv.union(gaps.select("start_ns", "end_ns"))
             .select(pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we"))
+            .collect()
         )
-        proc, thread = _evidence(trace, ops, windows, params)
-        owners_pid, owners_tid = _owners(trace, ops, gaps.lazy(), params.scopes)
-        clipped = _explain(gaps.lazy(), owners_pid, owners_tid, proc, thread).collect().lazy()
-        explained = _causes(gaps.lazy(), clipped, params.min_cause_frac)
+        calls = gc.launch_calls(trace, ops)
+        proc, thread = gc.evidence(trace, ops, calls, windows, params.nvtx_exclude_domains)
+        owners_pid, owners_tid = gc.owners(ops, calls, gaps.lazy(), params.scopes)
+        clipped = gc.explain(gaps.lazy(), owners_pid, owners_tid, proc, thread).collect().lazy()
+        explained = gc.causes(gaps.lazy(), clipped, params.min_cause_frac)
         table = (
             _assign_steps(explained, steps)
             .sort("gap_id")

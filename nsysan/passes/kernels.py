@@ -33,8 +33,7 @@ from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.passes import tensor_core as tc
 from nsysan.passes.base import PassResult, PassSpec, Results
-
-_OP_KEY = ["global_pid", "correlation_id"]
+from nsysan.passes.op_keys import KEY, op_key
 
 
 @dataclass(frozen=True)
@@ -47,20 +46,25 @@ class KernelsParams:
 
 def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     trace_id = trace.trace_id
+    ops = trace.gpu_ops
+    # Demangled names run to hundreds of bytes: coalescing copies every one of them, so the
+    # fallback to the short name is spelled out only when some op lacks a demangled name.
+    name = pl.col("demangled_name")
+    if ops.get_column("demangled_name").null_count():
+        name = pl.coalesce("demangled_name", "name").alias("demangled_name")
+    key = op_key([ops, trace.cuda_api])
     kernels = (
-        trace.gpu_ops.lazy()
+        ops.lazy()
         .filter(pl.col("kind") == "kernel")
         .select(
-            *_OP_KEY, "start_ns", "end_ns", "op_class",
-            pl.col("name").alias("short_name"),
-            pl.coalesce("demangled_name", "name").alias("demangled_name"),
+            key, "start_ns", "op_class", pl.col("name").alias("short_name"), name,
             (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
         )
     )
     api = trace.cuda_api.lazy().select(
-        *_OP_KEY, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
-    ).unique(_OP_KEY, keep="first")  # identical API rows must not duplicate kernels
-    launched = kernels.join(api, on=_OP_KEY, how="left").with_columns(
+        key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
+    )
+    launched = _launched_by(kernels.collect(), api).with_columns(
         (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
         (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
     )
@@ -92,6 +96,23 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
         tables={"kernels": schemas.conform(table, schemas.KERNELS)},
         metrics=_metrics(params, table),
     )
+
+
+def _launched_by(kernels: pl.DataFrame, api: pl.LazyFrame) -> pl.LazyFrame:
+    """``kernels`` left-joined on `KEY` to the first API row of each key.
+
+    Several API rows with one key are rare (identical rows: they must not duplicate kernels),
+    and making the API frame unique costs as much as the join itself. So the join runs first,
+    and only when some kernel matched several rows is each kernel's first match kept.
+    """
+    joined = (
+        kernels.lazy().with_row_index("_row")
+        .join(api.with_row_index("_api_row"), on=KEY, how="left")
+        .collect()
+    )
+    if joined.height > kernels.height:
+        joined = joined.sort("_row", "_api_row").unique("_row", keep="first", maintain_order=True)
+    return joined.lazy().drop("_row", "_api_row")
 
 
 def _frac(part: int | float, whole: int | float) -> float | None:

@@ -42,112 +42,18 @@ from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import Finding, PassResult, PassSpec, Results
 
-# ---------------------------------------------------------------------------------------------
-# Names: kernel names and NCCL API range names -> op
-# ---------------------------------------------------------------------------------------------
-_OPS_ALT = (
-    "AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|AlltoAll"
-    "|Gather|Scatter|Generic"
-)
-#: op right after the prefix: ncclKernel_X, ncclDevKernel_X, or 2.4-era ncclXRingLLKernel
-_KERNEL_OP_RE = rf"^nccl(?:Dev)?(?:Kernel)?_?({_OPS_ALT})"
-_ALGO_RE = r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)(?:_|$)"
-_OLD_ALGO_RE = r"(Ring|Tree|CollNet)(LL128|LL)?Kernel"
-_PROTO_RE = r"_(LL128|LL|SIMPLE)(?:_|$)"
-_REDOP_RE = r"(?i)_(sum|prod|minmax|min|max|premulsum|sumpostdiv)_([A-Za-z0-9]+(?-i:_t)?)"
-_REDOPS = {"sum": "Sum", "prod": "Prod", "minmax": "MinMax", "min": "Min", "max": "Max",
-           "premulsum": "PreMulSum", "sumpostdiv": "SumPostDiv"}
-#: NCCL API ranges that issue an operation (not ncclGroupStart/End, comm init, ...)
-_API_OP_RE = (
-    r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Bcast|Reduce|Send|Recv|AllToAll"
-    r"|AlltoAll|Gather|Scatter)$"
-)
-_OP_ALIASES = {"Bcast": "Broadcast", "AlltoAll": "AllToAll"}
+# The name parsing and bandwidth formulas are part of this pass's interface: re-exported.
+from nsysan.passes.nccl_names import _busbw_factor_expr as _busbw_factor_expr
+from nsysan.passes.nccl_names import algbw_expr as algbw_expr
+from nsysan.passes.nccl_names import api_op, parse_kernel_names, with_bandwidth
+from nsysan.passes.nccl_names import busbw_factor as busbw_factor
+from nsysan.passes.nccl_names import kernel_fields as kernel_fields
+
+#: NCCL payload fields (``payload_json`` of the nvtx frame) and communicator-init ranges
 _COMM_INIT_RE = r"^ncclComm(?:InitRank|InitAll|InitRankConfig|InitRankScalable|Split)"
 _MSG_SIZE_RE = r'"Message size \[bytes\]"\s*:\s*"?(\d+)'
 _N_RANKS_RE = r'"No\. of ranks"\s*:\s*"?(\d+)'
 _COMM_ID_RE = r'"NCCL communicator ID"\s*:\s*"?(-?\d+)'
-
-#: nccl-tests bus-bandwidth factor kind per op (see the module docstring)
-_BUS_FACTOR = {"AllReduce": "2(n-1)/n", "AllGather": "(n-1)/n", "ReduceScatter": "(n-1)/n",
-               "AllToAll": "(n-1)/n"}
-#: ops whose NVTX message size is per rank: the nccl-tests size is n times it
-_SIZE_TIMES_N = ("AllGather", "ReduceScatter")
-
-
-def _clean(col: str) -> pl.Expr:
-    # Short names normally have no signature; demangled ones do ("void f(args)").
-    return pl.col(col).str.replace(r"^void\s+", "").str.replace(r"\(.*$", "")
-
-
-def kernel_fields(col: str = "name") -> list[pl.Expr]:
-    """Expressions ``op, algorithm, protocol, redop, dtype`` parsed from a kernel name column
-    (null where the name does not say; op is null for non-NCCL names)."""
-    name = _clean(col)
-    op = name.str.extract(_KERNEL_OP_RE, 1).replace(_OP_ALIASES)
-    old_algo = name.str.extract(_OLD_ALGO_RE, 1)
-    algo = pl.coalesce(name.str.extract(_ALGO_RE, 1), old_algo.str.to_uppercase())
-    proto = pl.coalesce(
-        name.str.extract(_PROTO_RE, 1),
-        name.str.extract(_OLD_ALGO_RE, 2),
-        pl.when(old_algo.is_not_null()).then(pl.lit("SIMPLE")),
-    )
-    redop = name.str.extract(_REDOP_RE, 1).str.to_lowercase().replace_strict(
-        _REDOPS, default=None, return_dtype=pl.String
-    )
-    dtype = name.str.extract(_REDOP_RE, 2)
-    return [
-        op.alias("op"), algo.alias("algorithm"), proto.alias("protocol"),
-        redop.alias("redop"), dtype.alias("dtype"),
-    ]
-
-
-def parse_kernel_names(names: pl.Series | list[str]) -> pl.DataFrame:
-    """``name, op, algorithm, protocol, redop, dtype`` for each kernel name."""
-    return pl.DataFrame({"name": pl.Series(names, dtype=pl.String)}).with_columns(
-        kernel_fields("name")
-    )
-
-
-def api_op(col: str = "name") -> pl.Expr:
-    """The op an NCCL API range name issues (``ncclBcast`` -> Broadcast), else null."""
-    return pl.col(col).str.extract(_API_OP_RE, 1).replace(_OP_ALIASES)
-
-
-def busbw_factor(op: str, n_ranks: int | None) -> float | None:
-    """nccl-tests bus-bandwidth factor of ``op`` on ``n_ranks`` ranks (None when n unknown
-    for an op that needs it)."""
-    kind = _BUS_FACTOR.get(op)
-    if kind is None:
-        return 1.0
-    if not n_ranks or n_ranks < 1:
-        return None
-    return (2.0 if kind == "2(n-1)/n" else 1.0) * (n_ranks - 1) / n_ranks
-
-
-def _busbw_factor_expr(op: pl.Expr, n: pl.Expr) -> pl.Expr:
-    n = n.cast(pl.Float64)
-    expr = pl.lit(1.0)
-    for o, kind in _BUS_FACTOR.items():
-        scale = 2.0 if kind == "2(n-1)/n" else 1.0
-        expr = pl.when(op == o).then(
-            pl.when(n >= 1).then(scale * (n - 1) / n)
-        ).otherwise(expr)
-    return expr
-
-
-def algbw_expr(op: pl.Expr, nbytes: pl.Expr, n: pl.Expr, dur: pl.Expr) -> pl.Expr:
-    """nccl-tests algorithm bandwidth in GB/s (bytes per ns)."""
-    size = pl.when(op.is_in(_SIZE_TIMES_N)).then(nbytes * n).otherwise(nbytes)
-    return pl.when(dur > 0).then(size.cast(pl.Float64) / dur.cast(pl.Float64))
-
-
-def _with_bandwidth(df: pl.DataFrame | pl.LazyFrame):
-    """Add ``algbw_gbps`` and ``busbw_gbps`` from ``op, bytes, n_ranks, duration_ns``."""
-    op, n = pl.col("op"), pl.col("n_ranks")
-    algbw = algbw_expr(op, pl.col("bytes"), n, pl.col("duration_ns"))
-    return df.with_columns(algbw.alias("algbw_gbps")).with_columns(
-        (pl.col("algbw_gbps") * _busbw_factor_expr(op, n)).alias("busbw_gbps"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +134,8 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
         return pl.LazyFrame(schema=out_schema)
     ranges = (
         nvtx.lazy()
-        .filter(pl.col("style") != "mark")
+        # NCCL's API ranges all start with "nccl": a prefix test spares the regex most rows.
+        .filter((pl.col("style") != "mark") & pl.col("name").str.starts_with("nccl"))
         .with_columns(api_op().alias("_op"))
         .filter(pl.col("_op").is_not_null())
         .select(
@@ -297,11 +204,35 @@ def _n_ranks(trace: Trace, params: NcclParams, kernels: pl.DataFrame) -> pl.Data
 
 def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None) -> pl.DataFrame:
     """The NCCL table of ``trace`` (schema `schemas.NCCL`)."""
+    return _nccl_table(trace, params, steps)[0]
+
+
+def _exposure(trace: Trace, kern: pl.DataFrame) -> tuple[pl.Series, int]:
+    """(compute-covered ns of each ``kern`` row, exposed ns of the union of ``kern`` per device).
+
+    Both measure against the union of the device's compute ops, the costly part (a sort of
+    every compute kernel): one `iv.covered` call serves the ops and their union, stacked.
+    """
+    spans = kern.select("device_id", "start_ns", "end_ns")
+    stacked = pl.concat([spans, iv.union(spans, ["device_id"]).collect()])
+    compute = trace.frame("gpu_ops").lazy().filter(
+        (pl.col("start_ns") > 0) & (pl.col("op_class") == "compute")
+    ).select("device_id", "start_ns", "end_ns")
+    cov = iv.covered(stacked, compute, by=["device_id"]).collect()
+    per_op, of_union = cov.head(kern.height), cov.slice(kern.height)
+    exposed = of_union.select((pl.col("end_ns") - pl.col("start_ns") - pl.col("covered_ns")).sum())
+    return per_op["covered_ns"], int(exposed.item())
+
+
+def _nccl_table(
+    trace: Trace, params: NcclParams, steps: pl.DataFrame | None
+) -> tuple[pl.DataFrame, int]:
+    """`nccl_ops` and the exposed time of the union of its ops (``exposed_nccl_ns``)."""
     # start 0 is CUPTI's "timestamp unknown" (the overlap and gaps passes drop it too)
     ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)
     kern = ops.filter((pl.col("op_class") == "nccl") & (pl.col("end_ns") >= pl.col("start_ns")))
     if kern.is_empty():
-        return schemas.empty(schemas.NCCL)
+        return schemas.empty(schemas.NCCL), 0
     kern = kern.select(
         "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
         pl.col("name").alias("kernel_name"),
@@ -309,13 +240,17 @@ def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None
     names = parse_kernel_names(kern["kernel_name"].unique()).rename(
         {"name": "kernel_name", "op": "kernel_op"}
     )
-    api = trace.frame("cuda_api")
+    # The calls of the few NCCL launches, found by correlation id before the join: a join
+    # with every API call would hash them all.
+    calls = trace.frame("cuda_api").lazy().filter(
+        pl.col("correlation_id").is_in(kern["correlation_id"].unique().implode())
+    )
     launches = (
         kern.lazy()
         .select("global_pid", "correlation_id")
         .unique()
         .join(
-            api.lazy().select(
+            calls.select(
                 "global_pid", "correlation_id", "global_tid",
                 pl.col("name").alias("api_name"), pl.col("start_ns").alias("api_start_ns"),
                 pl.col("end_ns").alias("api_end_ns"),
@@ -325,14 +260,13 @@ def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None
         .unique(["global_pid", "correlation_id"], keep="first")
     )
     issued = _issued_by(trace, launches)
-    compute = ops.lazy().filter(pl.col("op_class") == "compute").select(
-        "device_id", "start_ns", "end_ns"
-    )
+    covered, union_exposed = _exposure(trace, kern)
     n_ranks = _n_ranks(trace, params, kern)
     dur = pl.col("end_ns") - pl.col("start_ns")
     op = pl.coalesce("nvtx_op", "kernel_op", pl.lit("Generic"))
     table = (
-        iv.covered(kern, compute, by=["device_id"])
+        kern.lazy()
+        .with_columns(covered)
         .join(names.lazy(), on="kernel_name", how="left")
         .join(launches.drop("global_tid", "api_end_ns"), on=["global_pid", "correlation_id"],
               how="left")
@@ -349,7 +283,7 @@ def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None
             pl.int_range(pl.len(), dtype=pl.Int64).over("pid", "device_id", "stream_id")
             .alias("seq"),
         )
-        .pipe(_with_bandwidth)
+        .pipe(with_bandwidth)
         .collect()
     )
     if steps is not None and not steps.is_empty():
@@ -362,7 +296,7 @@ def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None
             )
             .sort("pid", "device_id", "stream_id", "start_ns", "end_ns")
         )
-    return schemas.conform(table, schemas.NCCL)
+    return schemas.conform(table, schemas.NCCL), union_exposed
 
 
 def summarize(table: pl.DataFrame, params: NcclParams, trace_id: str) -> pl.DataFrame:
@@ -416,7 +350,7 @@ def with_default_ranks(table: pl.DataFrame, n_ranks: int | None) -> pl.DataFrame
     bandwidths."""
     if n_ranks is None or table.is_empty() or table["n_ranks"].null_count() == 0:
         return table
-    return _with_bandwidth(table.with_columns(pl.col("n_ranks").fill_null(n_ranks)))
+    return with_bandwidth(table.with_columns(pl.col("n_ranks").fill_null(n_ranks)))
 
 
 def nccl_findings(trace: Trace, table: pl.DataFrame, params: NcclParams,
@@ -426,17 +360,19 @@ def nccl_findings(trace: Trace, table: pl.DataFrame, params: NcclParams,
     metrics = metrics or {}
     if table.is_empty():
         return out
-    ops = trace.frame("gpu_ops")
+    # Lazy: an eager group-by of the op frame runs unoptimised, several times slower.
     spans = (
-        ops.group_by("device_id")
+        trace.frame("gpu_ops").lazy()
+        .group_by("device_id")
         .agg((pl.col("end_ns").max() - pl.col("start_ns").min()).alias("span_ns"))
     )
     per_dev = (
-        table.group_by("device_id")
+        table.lazy().group_by("device_id")
         .agg(pl.col("exposed_ns").sum(), pl.col("duration_ns").sum().alias("nccl_ns"),
              pl.len().alias("n_ops"))
         .join(spans, on="device_id", how="left")
         .sort("device_id")
+        .collect()
     )
     for row in per_dev.iter_rows(named=True):  # one row per device, not per event
         span = row["span_ns"] or 0
@@ -488,25 +424,14 @@ def nccl_findings(trace: Trace, table: pl.DataFrame, params: NcclParams,
 def run(trace: Trace, params: NcclParams, results: Results) -> PassResult:
     steps_res = results.get("steps")
     steps = steps_res.tables.get("steps") if steps_res is not None else None
-    table = nccl_ops(trace, params, steps)
+    table, union_exposed = _nccl_table(trace, params, steps)
     summary = summarize(table, params, trace.trace_id)
     metrics: dict[str, Any] = {"n_ops": table.height}
     if not table.is_empty():
-        ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)
-        nccl_union = iv.union(table.select("device_id", "start_ns", "end_ns"), ["device_id"])
-        compute = ops.filter(pl.col("op_class") == "compute").select(
-            "device_id", "start_ns", "end_ns"
-        )
-        union_exposed = (
-            iv.covered(nccl_union, compute, by=["device_id"])
-            .select((pl.col("end_ns") - pl.col("start_ns") - pl.col("covered_ns")).sum())
-            .collect()
-            .item()
-        )
         metrics.update(
             nccl_ns=int(table["duration_ns"].sum()),
             exposed_sum_ns=int(table["exposed_ns"].sum()),
-            exposed_nccl_ns=int(union_exposed),
+            exposed_nccl_ns=union_exposed,
             ops=dict(table.group_by("op").len().sort("op").iter_rows()),
             op_sources=dict(table.group_by("op_source").len().sort("op_source").iter_rows()),
             bytes_known=bool(table["bytes"].is_not_null().any()),

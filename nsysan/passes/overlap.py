@@ -25,9 +25,12 @@ import polars as pl
 
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.packed_keys import GROUP, Keys, group_agg
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.steps import OVERLAP_CLASSES, state_has, step_windows, with_overlap_class
+
+IDLE = 0  # state code with no class active
 
 
 @dataclass(frozen=True)
@@ -35,45 +38,50 @@ class OverlapParams:
     per_step: bool = True  # also break states down per step when steps are known
 
 
-def _stream_concurrency(ops: pl.LazyFrame) -> pl.LazyFrame:
+def _stream_concurrency(ops: pl.DataFrame) -> pl.LazyFrame:
     """``device_id, max_stream_concurrency, mean_stream_concurrency`` (over busy time)."""
-    per_stream = iv.union(ops, by=["device_id", "pid", "stream_id"])
+    per_stream = iv.union(ops, by=["device_id", "pid", "stream_id"]).collect()
+    # Per-stream unions are disjoint, so a running sum of +1 at every start and -1 at every
+    # end, in (device, time) order, is the number of active streams. One Int64 per event
+    # (packed device and time, start flag in the low bit) makes that one single-column sort.
+    keys = Keys([per_stream], ["device_id"], ["start_ns", "end_ns"], low=2)
     events = pl.concat(
-        [
-            per_stream.select("device_id", pl.col("start_ns").alias("_t"), pl.lit(1).alias("_d")),
-            per_stream.select("device_id", pl.col("end_ns").alias("_t"), pl.lit(-1).alias("_d")),
-        ]
-    )
-    # Per-stream unions are disjoint, so the running sum is the number of active streams.
+        [keys.pack(0, "start_ns") * 2 + 1, keys.pack(0, "end_ns") * 2]
+    ).sort().alias("_e").to_frame()
+    key, nxt = pl.col("_k"), pl.col("_k").shift(-1)
     levels = (
-        events.group_by("device_id", "_t")
-        .agg(pl.col("_d").sum())
-        .sort("device_id", "_t")
-        .with_columns(
-            pl.col("_d").cum_sum().over("device_id").alias("_n"),
-            (pl.col("_t").shift(-1).over("device_id") - pl.col("_t")).alias("_len"),
+        events.lazy()
+        .select((pl.col("_e") // 2).alias("_k"), ((pl.col("_e") % 2) * 2 - 1).cum_sum().alias("_n"))
+        .filter(key != key.shift(-1, fill_value=-1))  # the level after all events at an instant
+        .select(
+            keys.group(key).alias(GROUP),
+            "_n",
+            pl.when(keys.group(key) == keys.group(nxt))
+            .then(keys.length(key, nxt)).alias("_len"),
         )
         .filter(pl.col("_len").is_not_null() & (pl.col("_n") > 0))
+        .group_by(GROUP)
+        .agg(
+            pl.col("_n").max().cast(pl.Int64).alias("max_stream_concurrency"),
+            ((pl.col("_n") * pl.col("_len")).sum() / pl.col("_len").sum())
+            .alias("mean_stream_concurrency"),
+        )
+        .collect()
     )
-    return levels.group_by("device_id").agg(
-        pl.col("_n").max().cast(pl.Int64).alias("max_stream_concurrency"),
-        ((pl.col("_n") * pl.col("_len")).sum() / pl.col("_len").sum())
-        .alias("mean_stream_concurrency"),
-    )
+    return keys.attach_by(levels).lazy()
 
 
 def _per_step(
     segs: pl.LazyFrame, spans: pl.LazyFrame, steps: pl.DataFrame
 ) -> pl.LazyFrame:
-    """``device_id, step, state, duration_ns``: states clipped to every step window."""
+    """``device_id, step, state_code, duration_ns``: states clipped to every step window."""
     windows = spans.select("device_id").join(steps.lazy(), how="cross")
     dur = pl.col("end_ns") - pl.col("start_ns")
-    inside = (
-        iv.overlay(segs, windows.select("device_id", "step", "start_ns", "end_ns"),
-                   by=["device_id"], window_cols=["step"])
-        .group_by("device_id", "step", "state")
-        .agg(dur.sum().alias("duration_ns"))
-    )
+    pieces = iv.overlay(segs, windows.select("device_id", "step", "start_ns", "end_ns"),
+                        by=["device_id"], window_cols=["step"]).collect()
+    inside = group_agg(
+        pieces, ["device_id", "step"], "state_code", [dur.sum().alias("duration_ns")]
+    ).lazy()
     # The part of a window outside the device span is idle.
     outside = (
         windows.join(spans, on="device_id")
@@ -82,32 +90,42 @@ def _per_step(
              .clip(lower_bound=0)).alias("duration_ns")
         )
         .filter(pl.col("duration_ns") > 0)
-        .select("device_id", "step", pl.lit("idle").alias("state"), "duration_ns")
+        .select("device_id", "step", pl.lit(IDLE, pl.Int64).alias("state_code"), "duration_ns")
     )
     return (
         pl.concat([inside, outside])
-        .group_by("device_id", "step", "state")
+        .group_by("device_id", "step", "state_code")
         .agg(pl.col("duration_ns").sum())
     )
 
 
 def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
     tid = trace.trace_id
-    ops = with_overlap_class(trace.frame("gpu_ops")).filter(
-        (pl.col("start_ns") > 0) & pl.col("cls").is_not_null()
+    ops = (
+        with_overlap_class(trace.frame("gpu_ops"))
+        .filter((pl.col("start_ns") > 0) & pl.col("cls").is_not_null())
+        .select("device_id", "pid", "stream_id", "cls", "start_ns", "end_ns")
+        .collect()
     )
-    segs = iv.state_segments(ops, OVERLAP_CLASSES, by=["device_id"], class_col="cls").collect()
+    # States stay integer bit sets (cheap to group) until the tables are small.
+    segs = iv.state_code_segments(ops, OVERLAP_CLASSES, by=["device_id"], class_col="cls")
+    segs_df = segs.collect()
+    label = pl.col("state_code").replace_strict(
+        iv.state_names(OVERLAP_CLASSES), return_dtype=pl.String
+    ).alias("state")
     dur = pl.col("end_ns") - pl.col("start_ns")
-    whole = segs.group_by("device_id", "state").agg(dur.sum().alias("duration_ns")).with_columns(
-        pl.lit(None, pl.Int64).alias("step")
+    whole = (
+        group_agg(segs_df, ["device_id"], "state_code", [dur.sum().alias("duration_ns")])
+        .select("device_id", label, "duration_ns", pl.lit(None, pl.Int64).alias("step"))
     )
     parts = [whole.lazy()]
     steps = step_windows(results) if params.per_step else None
-    if steps is not None and not segs.is_empty():
-        spans = segs.lazy().group_by("device_id").agg(
+    if steps is not None and not segs_df.is_empty():
+        spans = segs_df.lazy().group_by("device_id").agg(
             pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e")
         )
-        parts.append(_per_step(segs.lazy(), spans, steps.select("step", "start_ns", "end_ns")))
+        per_step = _per_step(segs_df.lazy(), spans, steps.select("step", "start_ns", "end_ns"))
+        parts.append(per_step.select("device_id", "step", label, "duration_ns"))
     table = (
         pl.concat(parts, how="diagonal_relaxed")
         .with_columns(pl.lit(tid).alias("trace_id"))

@@ -56,6 +56,7 @@ import polars as pl
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.packed_keys import Keys
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
 
@@ -129,19 +130,26 @@ def state_has(cls: str) -> pl.Expr:
 
 
 def window_metrics(ops: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> pl.LazyFrame:
-    """Busy, exposed nccl and unoverlapped h2d inside each window (``by + [step]``).
+    """Busy, exposed nccl and unoverlapped h2d inside each window (``by + [step]``, 0 where
+    nothing ran).
 
-    ``windows`` holds ``by + [step, start_ns, end_ns]`` and must be disjoint within ``by``.
+    ``windows`` holds ``by + [step, start_ns, end_ns]``.
     """
-    segs = iv.state_segments(with_overlap_class(ops), OVERLAP_CLASSES, by=by, class_col="cls")
-    pieces = iv.overlay(segs, windows, by=by, window_cols=["step"])
-    dur = pl.col("end_ns") - pl.col("start_ns")
-    not_compute = ~state_has("compute")
-    return pieces.group_by([*by, "step"]).agg(
-        dur.filter(pl.col("state") != "idle").sum().alias("busy_ns"),
-        dur.filter(state_has("nccl") & not_compute).sum().alias("exposed_nccl_ns"),
-        dur.filter(state_has("h2d") & not_compute).sum().alias("h2d_unoverlapped_ns"),
-    )
+    segs = iv.state_code_segments(with_overlap_class(ops), OVERLAP_CLASSES, by=by, class_col="cls")
+    # States as bit sets, and sums of 0/1-weighted segment time per window: no label strings
+    # and no cutting two million segments into pieces at the window bounds.
+    bit = {c: 1 << i for i, c in enumerate(OVERLAP_CLASSES)}
+    code = pl.col("state_code")
+    not_compute = (code & bit["compute"]) == 0
+    weights = {
+        "busy_ns": code != 0,
+        "exposed_nccl_ns": ((code & bit["nccl"]) != 0) & not_compute,
+        "h2d_unoverlapped_ns": ((code & bit["h2d"]) != 0) & not_compute,
+    }
+    return iv.segment_sums(
+        windows.select([*by, "step", "start_ns", "end_ns"]), segs,
+        {name: w.cast(pl.Int64) for name, w in weights.items()}, by=by,
+    ).drop("start_ns", "end_ns")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,47 +210,41 @@ def _project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
     tid = cpu["global_tid"][0]
     pid = cpu["pid"][0]
-    cpu_win = cpu.lazy().select(
-        "step", pl.col("start_ns").alias("_cs"), pl.col("end_ns").alias("_ce")
-    )
-    # Assign each API call of the process to the CPU step whose range holds its start.
-    calls = (
-        api.lazy()
-        .filter(pl.col("pid") == pid)
-        .select("global_tid", "global_pid", "correlation_id", "start_ns")
-        .sort("start_ns")
-        .join_asof(cpu_win.sort("_cs"), left_on="start_ns", right_on="_cs", strategy="backward")
-        .filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("_ce")))
-    )
-    launched = calls.join(
-        ops.lazy().select(
-            "global_pid", "correlation_id",
-            pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe"),
-        ),
-        on=["global_pid", "correlation_id"],
-    )
+    # Assign each API call of the process to the CPU step whose range holds its start: the
+    # ranges are sorted and disjoint, so that is a binary search, not a sort and an as-of join.
+    calls = api.lazy().filter((pl.col("pid") == pid) & pl.col("start_ns").is_not_null()).select(
+        "global_tid", "global_pid", "correlation_id", "start_ns"
+    ).collect()
+    row = cpu["start_ns"].search_sorted(calls["start_ns"], side="right").cast(pl.Int64) - 1
+    in_range = (row >= 0) & (calls["start_ns"] < cpu["end_ns"].gather(row.clip(0)))
+    calls = calls.with_columns(cpu["step"].gather(row.clip(0)).alias("step")).filter(in_range)
+    # Join launches on one packed Int64 (global_pid, correlation_id), not on two columns.
+    link = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
+    calls = calls.filter(link)
+    launches = ops.lazy().filter(link).select(
+        "global_pid", "correlation_id",
+        pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe"),
+    ).collect()
+    keys = Keys([calls, launches], ["global_pid"], ["correlation_id"])
+    ids = calls.select("step", "global_tid", keys.pack(0, "correlation_id").alias("_id"))
+    op_ids = launches.select(keys.pack(1, "correlation_id").alias("_id"), "_os", "_oe")
     first = (
-        launched.filter(pl.col("global_tid") == tid)
+        ids.filter(pl.col("global_tid") == tid)
+        .join(op_ids, on="_id")
         .group_by("step")
         .agg(pl.col("_os").min().alias("_first"))
     )
-    last_end = launched.group_by("step").agg(pl.col("_oe").max().alias("_last_end"))
-    win = (
-        cpu.lazy()
-        .join(first, on="step", how="left")
-        .join(last_end, on="step", how="left")
-        .sort("step")
-        .collect()
-    )
+    win = cpu.join(first, on="step", how="left").sort("step")
     if win["_first"].null_count() == win.height:
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
     # A step that launched nothing on its thread has no GPU window: typically the CPU ran
     # ahead past the end of GPU capture. It is dropped; step numbers keep their positions.
-    win = win.filter(pl.col("_first").is_not_null()).with_columns(
-        pl.col("_first").cum_max().alias("_gs")
-    ).with_columns(
+    win = win.filter(pl.col("_first").is_not_null())
+    # Only the last step's end needs the ops launched by every thread: join just its calls.
+    last = ids.filter(pl.col("step") == win["step"][-1]).join(op_ids, on="_id")["_oe"].max()
+    win = win.with_columns(pl.col("_first").cum_max().alias("_gs")).with_columns(
         pl.col("_gs").shift(-1)
-        .fill_null(pl.max_horizontal("_gs", "_last_end", "end_ns"))
+        .fill_null(pl.max_horizontal("_gs", pl.lit(last, pl.Int64), "end_ns"))
         .alias("_ge")
     )
     return win.select("step", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns")), "gpu"
@@ -346,7 +348,8 @@ def _warmup(durations: pl.Expr, factor: float) -> pl.Expr:
 
 def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
     tid = trace.trace_id
-    ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)  # 0: untimed records
+    # 0: untimed records. Lazy, so every use reads only the columns it needs.
+    ops = trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
     metrics: dict[str, Any] = {}
     windows: pl.DataFrame | None = None
     source = ""
@@ -360,7 +363,9 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
     elif params.range_name is not None:
         metrics["steps_reason"] = f"no NVTX range matches range_name {params.range_name!r}"
     elif params.periodicity:
-        per = _periodic_steps(ops, params)
+        per = _periodic_steps(
+            ops.select("kind", "name", "pid", "device_id", "start_ns", "end_ns").collect(), params
+        )
         if per is not None:
             windows, info = per
             source = "periodicity"
@@ -378,10 +383,12 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
         metrics.update(n_steps=0, steps_source=None)
         return PassResult(tables={"steps": schemas.empty(schemas.STEPS)}, metrics=metrics)
 
-    dev = primary_device(ops) if not ops.is_empty() else None
+    busy_ops = ops.select("device_id", "op_class", "start_ns", "end_ns").collect()
+    dev = primary_device(busy_ops) if not busy_ops.is_empty() else None
     metrics.setdefault("steps_device_id", dev)
     dev = metrics["steps_device_id"]
-    dev_ops = ops.filter(pl.col("device_id") == dev) if dev is not None else ops.clear()
+    dev_ops = (busy_ops.filter(pl.col("device_id") == dev) if dev is not None
+               else busy_ops.clear())
     per_step = window_metrics(dev_ops, windows.select("step", "start_ns", "end_ns"), by=[])
     dur = pl.col("end_ns") - pl.col("start_ns")
     table = (

@@ -13,9 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import sys
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,12 +47,81 @@ class ManifestInfo:
     findings_params: Any = None
 
 
-def sha256_file(path: Path) -> str:
+def _hash_now(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
-            h.update(chunk)
+            h.update(chunk)  # hashlib releases the GIL on big buffers: threads overlap
     return h.hexdigest()
+
+
+# Hashing the input takes about a second per GB, and the input is read (or was cached) long
+# before the manifest is written: `prefetch_sha256` starts hashing when the analysis starts, in
+# a daemon thread, so the hash overlaps the passes instead of adding to the wall time. A hash
+# is only ever served for the exact file version it was computed from: it is keyed by the
+# file's identity and stat (device, inode, size, mtime, ctime), it is discarded when the stat
+# changed while hashing, and it is used once (a later manifest hashes again).
+_StatKey = tuple[str, int, int, int, int, int]
+_PENDING: dict[_StatKey, Future[str | None]] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def _stat_key(path: Path) -> _StatKey | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
+
+
+def _files_of(path: Path) -> list[Path]:
+    """``path`` itself when a file, its files in hashing order when a directory."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
+def _hash_pending(jobs: list[tuple[Path, _StatKey, Future[str | None]]]) -> None:
+    for path, key, fut in jobs:
+        digest: str | None = None
+        try:
+            digest = _hash_now(path)
+            # a file that changed while being hashed may have mixed contents: no answer
+            if _stat_key(path) != key:
+                digest = None
+        except Exception:  # the reader hashes again itself and reports the error
+            digest = None
+        finally:
+            fut.set_result(digest)
+
+
+def prefetch_sha256(paths: Iterable[Path]) -> None:
+    """Start hashing ``paths`` (files, or every file of a directory) in a background thread
+    for a manifest written later in this process (see `sha256_file`)."""
+    jobs = []
+    with _PENDING_LOCK:
+        for f in (f for p in paths for f in _files_of(Path(p))):
+            key = _stat_key(f)
+            if key is not None and key not in _PENDING:
+                fut: Future[str | None] = Future()
+                _PENDING[key] = fut
+                jobs.append((f, key, fut))
+    if jobs:
+        # daemon: an interrupted run does not wait for a hash nobody will read
+        threading.Thread(target=_hash_pending, args=(jobs,), name="nsysan-sha256",
+                         daemon=True).start()
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of the file's contents (the prefetched hash of this exact version, if any)."""
+    key = _stat_key(path)
+    with _PENDING_LOCK:
+        fut = _PENDING.pop(key, None) if key is not None else None
+    digest = fut.result() if fut is not None else None
+    return digest if digest is not None else _hash_now(path)
 
 
 def describe_path(path: Path, root: Path | None = None) -> dict[str, Any]:
@@ -60,7 +132,7 @@ def describe_path(path: Path, root: Path | None = None) -> dict[str, Any]:
         return {"path": shown, "kind": "file", "bytes": path.stat().st_size,
                 "sha256": sha256_file(path)}
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = _files_of(path)
         h = hashlib.sha256()
         size = 0
         for p in files:
@@ -69,6 +141,12 @@ def describe_path(path: Path, root: Path | None = None) -> dict[str, Any]:
         return {"path": shown, "kind": "dir", "bytes": size, "sha256": h.hexdigest(),
                 "n_files": len(files)}
     return {"path": shown, "kind": "missing", "bytes": None, "sha256": None}
+
+
+def default_inputs(trace: Trace) -> list[Path]:
+    """The inputs a manifest describes unless told otherwise: what the user passed and what
+    the frames were read from (once when they are the same)."""
+    return list(dict.fromkeys([Path(trace.meta.path), Path(trace.meta.source_path)]))
 
 
 def _params_dict(p: Any) -> Any:
@@ -83,8 +161,7 @@ def build_manifest(trace: Trace, info: ManifestInfo | None = None,
                    outputs: Iterable[Path] = (), out_dir: Path | None = None) -> dict[str, Any]:
     info = info or ManifestInfo()
     meta = trace.meta
-    inputs = list(info.inputs) if info.inputs is not None else list(
-        dict.fromkeys([Path(meta.path), Path(meta.source_path)]))
+    inputs = list(info.inputs) if info.inputs is not None else default_inputs(trace)
     return _clean({
         "manifest_version": MANIFEST_VERSION,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -8,7 +8,7 @@ the directory, Parquet tables included). Each file is written atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,13 @@ def _unpack(trace_or_result: Any, results: Mapping[str, PassResult] | None, diag
 
 def write_report(out_dir: str | Path, trace_or_result: Any,
                  results: Mapping[str, PassResult] | None = None, diagnosis: Any = None,
-                 manifest_info: ManifestInfo | Mapping[str, Any] | None = None) -> list[Path]:
+                 manifest_info: ManifestInfo | Mapping[str, Any] | None = None,
+                 before_manifest: Callable[[], object] | None = None) -> list[Path]:
     """Write the reports of one trace into ``out_dir``; returns the paths written.
 
-    Call it after the Parquet tables are in ``out_dir`` so that the manifest hashes them too.
+    Call it after the Parquet tables are in ``out_dir`` so that the manifest hashes them too,
+    or while they are being written, with ``before_manifest`` waiting for them: it is called
+    just before the manifest lists the directory.
     """
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -81,6 +84,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
                                   tables.get("steps"), tables.get("overlap")))
     written.append(write_findings_json(out, diagnosis, trace, [p.name for p in written
                                                                if p.suffix != ".md"]))
+    if before_manifest is not None:
+        before_manifest()
     timings = dict(info.timings_s)
     timings["write_report"] = time.perf_counter() - t_start
     info.timings_s = timings

@@ -1,0 +1,293 @@
+"""Evidence and causes of GPU gaps: the *Causes* part of `nsysan.passes.gaps` (its module
+docstring defines the categories, ownership, ``cause``, ``cause_frac`` and ``cause_detail``).
+
+Gaps are few (tens to thousands) while host activity is millions of rows, so every evidence
+frame is first cut down to the rows overlapping some gap (`_prune`, a binary search per row, no
+sort) and only then filtered on strings, joined and clipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+from nsysan.frames import intervals as iv
+from nsysan.frames.trace import Trace
+from nsysan.passes.op_keys import OP_KEY, join_on_op
+from nsysan.passes.steps import STEP_NAME_PATTERN
+
+SCOPE_KEYS = {
+    "device": ["device_id"],
+    "stream": ["pid", "device_id", "stream_id"],
+    "process_device": ["pid", "device_id"],
+}
+KEY_COLS = ["pid", "device_id", "stream_id"]
+#: evidence categories: (cause in GAP_CAUSES, column in GAPS, short label in cause_detail)
+CATEGORIES = (
+    ("sync_api", "sync_api_ns", "sync_api"),
+    ("sync_copy", "sync_copy_ns", "sync_copy"),
+    ("launch_bound", "launch_ns", "launch"),
+    ("osrt_wait", "osrt_ns", "osrt"),
+    ("nvtx_range", "nvtx_ns", "nvtx"),
+    ("profiler_overhead", "overhead_ns", "overhead"),
+)
+MS = 1_000_000
+#: start and end of a sentinel window before every other (see `_prune`)
+_NEVER = -(2**63)
+
+
+def launch_calls(trace: Trace, ops: pl.LazyFrame) -> pl.DataFrame:
+    """``pid, device_id, stream_id`` of every GPU op with ``global_tid, start_ns`` of the API
+    call that launched it.
+
+    Both the launching threads of each gap (`owners`) and the "did this NVTX range launch
+    work" test need this join of the two largest frames: it is done once, here.
+    """
+    api = trace.frame("cuda_api")
+    return (
+        join_on_op(
+            api.lazy().select(*OP_KEY, "global_tid", "start_ns"),
+            ops.select(*OP_KEY, *KEY_COLS),
+            [api, trace.frame("gpu_ops")],
+        )
+        .select(*KEY_COLS, "global_tid", "start_ns")
+        .collect()
+    )
+
+
+def _prune(df: pl.LazyFrame, windows: pl.DataFrame) -> pl.LazyFrame:
+    """Rows of ``df`` (with positive length) overlapping any of the disjoint, sorted
+    ``windows`` (``_ws, _we``); ``df`` keeps its order.
+
+    For an interval [s, e), the last window starting before e is the only candidate: earlier
+    windows end before it starts. A binary search of ``e - 1`` in the window starts finds it
+    without sorting ``df``; the sentinel window in front (ending before any time) stands for
+    "no window starts before e".
+    """
+    starts = pl.concat([pl.Series([_NEVER]), windows["_ws"]])
+    ends = pl.concat([pl.Series([_NEVER]), windows["_we"]])
+    last = pl.lit(starts).search_sorted(pl.col("end_ns") - 1, side="right").cast(pl.Int64) - 1
+    return df.filter(
+        (pl.col("end_ns") > pl.col("start_ns")) & (pl.lit(ends).gather(last) > pl.col("start_ns"))
+    )
+
+
+def evidence(
+    trace: Trace,
+    ops: pl.LazyFrame,
+    calls: pl.DataFrame,
+    windows: pl.DataFrame,
+    nvtx_exclude_domains: Sequence[str],
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(process-level evidence keyed by pid, thread-level evidence keyed by global_tid).
+
+    Both have ``cat, label, start_ns, end_ns`` plus the key; only rows in some gap window.
+    ``calls`` is `launch_calls`.
+    """
+    api_frame = trace.frame("cuda_api").lazy()
+    api = _prune(
+        api_frame.select(
+            "pid", "global_pid", "correlation_id", "name", "api_class", "start_ns", "end_ns"
+        ),
+        windows,
+    )
+    pageable = (
+        ops.filter(
+            (pl.col("kind") == "memcpy")
+            & ((pl.col("src_kind") == "pageable") | (pl.col("dst_kind") == "pageable"))
+        )
+        .select("global_pid", "correlation_id", pl.lit(True).alias("_pageable"))
+        .unique()
+    )
+    api = api.join(pageable, on=OP_KEY, how="left")
+    name = pl.col("name").fill_null("?")
+    api_cat = (
+        pl.when(pl.col("_pageable").fill_null(False))
+        .then(pl.lit("sync_copy"))
+        # cudaStreamWaitEvent orders GPU work and returns at once: it never blocks the host.
+        .when((pl.col("api_class") == "sync") & ~name.str.contains("WaitEvent"))
+        .then(pl.lit("sync_api"))
+        .when(pl.col("api_class").is_in(["memcpy", "memset"]) & ~name.str.contains("Async"))
+        .then(pl.lit("sync_copy"))
+        .when(pl.col("api_class").is_in(["launch", "graph"]))
+        .then(pl.lit("launch_bound"))
+    )
+    api_label = pl.when(pl.col("_pageable").fill_null(False)).then(name + " pageable").otherwise(
+        name
+    )
+    proc_cols = ["pid", "cat", "label", "start_ns", "end_ns"]
+    api_ev = api.with_columns(api_cat.alias("cat"), api_label.alias("label")).filter(
+        pl.col("cat").is_not_null()
+    )
+    # CUPTI sync records: labelled with the API that waited when it can be joined. The few
+    # records in gaps are found first, so the name join reads only their calls.
+    blocking = pl.col("sync_type").fill_null("") != "stream_wait_event"
+    sync = _prune(trace.frame("sync").lazy().filter(blocking), windows).collect()
+    waited = api_frame.filter(
+        pl.col("correlation_id").is_in(sync["correlation_id"].drop_nulls().implode())
+    ).select(*OP_KEY, pl.col("name").alias("_api"))
+    sync_ev = sync.lazy().join(waited, on=OP_KEY, how="left").select(
+        "pid",
+        pl.lit("sync_api").alias("cat"),
+        pl.coalesce("_api", pl.col("sync_type").fill_null("sync")).alias("label"),
+        "start_ns",
+        "end_ns",
+    )
+    ovh_ev = _prune(trace.frame("overhead").lazy(), windows).select(
+        "pid", pl.lit("profiler_overhead").alias("cat"), pl.col("name").alias("label"),
+        "start_ns", "end_ns",
+    )
+    proc = pl.concat([api_ev.select(proc_cols), sync_ev, ovh_ev], how="vertical_relaxed")
+
+    osrt_ev = _prune(trace.frame("osrt").lazy(), windows).select(
+        "global_tid", pl.lit("osrt_wait").alias("cat"), pl.col("name").alias("label"),
+        "start_ns", "end_ns",
+    )
+    nvtx_ev = _nvtx_evidence(trace, calls, windows, nvtx_exclude_domains)
+    return proc, pl.concat([osrt_ev, nvtx_ev])
+
+
+def _nvtx_evidence(
+    trace: Trace, calls: pl.DataFrame, windows: pl.DataFrame, exclude_domains: Sequence[str]
+) -> pl.LazyFrame:
+    """Host-only application NVTX ranges in gap windows (see the gaps module doc)."""
+    excluded = [d.lower() for d in exclude_domains]
+    # Cut to the ranges in gaps first: the string tests below then read a few rows, not all.
+    ranges = (
+        _prune(
+            trace.frame("nvtx").lazy().select(
+                "global_tid", "end_global_tid", "style", "domain", "name", "start_ns", "end_ns"
+            ),
+            windows,
+        )
+        .collect()
+        .filter(
+            (pl.col("style") != "mark")
+            & (
+                pl.col("end_global_tid").is_null()
+                | (pl.col("end_global_tid") == pl.col("global_tid"))
+            )
+            & ~pl.col("domain").fill_null("").str.to_lowercase().is_in(excluded)
+            & ~pl.col("name").fill_null("").str.contains(STEP_NAME_PATTERN)
+        )
+    )
+    # A range launched work when a launch call of its thread starts inside it: the first call
+    # at or after its start (one forward as-of search) starts before its end.
+    first_call = calls.lazy().select("global_tid", pl.col("start_ns").alias("_t")).sort("_t")
+    return (
+        ranges.lazy()
+        .sort("start_ns")
+        .join_asof(first_call, left_on="start_ns", right_on="_t", by="global_tid",
+                   strategy="forward", check_sortedness=False)
+        .filter(pl.col("_t").is_null() | (pl.col("_t") >= pl.col("end_ns")))
+        .select(
+            "global_tid", pl.lit("nvtx_range").alias("cat"), pl.col("name").alias("label"),
+            "start_ns", "end_ns",
+        )
+    )
+
+
+def owners(
+    ops: pl.LazyFrame, calls: pl.DataFrame, gaps: pl.LazyFrame, scopes: Sequence[str]
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(gap_id, pid) and (gap_id, global_tid) pairs: whose host activity explains each gap."""
+    by_pid, by_tid = [], []
+    for scope in scopes:
+        keys = SCOPE_KEYS[scope]
+        g = gaps.filter(pl.col("scope") == scope).select("gap_id", *keys)
+        if "pid" in keys:
+            by_pid.append(g.select("gap_id", "pid"))
+        else:  # device scope: every process with an op on the device
+            procs = ops.select(*keys, "pid").unique()
+            by_pid.append(g.join(procs, on=keys).select("gap_id", "pid"))
+        threads = calls.lazy().select(*keys, "global_tid").unique()
+        by_tid.append(g.join(threads, on=keys).select("gap_id", "global_tid"))
+    return pl.concat(by_pid).unique(), pl.concat(by_tid).unique()
+
+
+def explain(
+    gaps: pl.LazyFrame,
+    owners_pid: pl.LazyFrame,
+    owners_tid: pl.LazyFrame,
+    proc: pl.LazyFrame,
+    thread: pl.LazyFrame,
+) -> pl.LazyFrame:
+    """Clipped evidence ``gap_id, cat, label, start_ns, end_ns`` of every gap."""
+    g = gaps.select("gap_id", pl.col("start_ns").alias("_gs"), pl.col("end_ns").alias("_ge"))
+
+    def hits(ev: pl.LazyFrame, owners: pl.LazyFrame, key: str) -> pl.LazyFrame:
+        # IEJoin on time overlap (bounded by evidence x concurrent gaps), then ownership.
+        return (
+            ev.join_where(g, pl.col("start_ns") < pl.col("_ge"), pl.col("end_ns") > pl.col("_gs"))
+            .join(owners, on=["gap_id", key], how="semi")
+            .select(
+                "gap_id", "cat", "label",
+                pl.max_horizontal("start_ns", "_gs").alias("start_ns"),
+                pl.min_horizontal("end_ns", "_ge").alias("end_ns"),
+            )
+        )
+
+    return pl.concat([hits(proc, owners_pid, "pid"), hits(thread, owners_tid, "global_tid")])
+
+
+def _fmt_ms(ns: pl.Expr) -> pl.Expr:
+    ms = ns / MS
+    return pl.when(ms >= 1).then(ms.round(1)).otherwise(ms.round(3)).cast(pl.String)
+
+
+def causes(gaps: pl.LazyFrame, clipped: pl.LazyFrame, min_cause_frac: float) -> pl.LazyFrame:
+    """Gaps with their per-category coverage, cause, cause_frac and cause_detail."""
+    cols = [col for _, col, _ in CATEGORIES]
+    cov = (
+        iv.total(clipped, by=["gap_id", "cat"], name="ns")
+        .group_by("gap_id")
+        .agg(pl.col("ns").filter(pl.col("cat") == cat).sum().alias(col)
+             for cat, col, _ in CATEGORIES)
+    )
+    any_cov = iv.total(clipped, by=["gap_id"], name="_any")
+    per_label = (
+        iv.total(clipped, by=["gap_id", "cat", "label"], name="ns")
+        # The category breaks the last ties (one name in two categories, equal coverage):
+        # without it their order, and which of them makes the top three, varied run to run.
+        .sort(["gap_id", "ns", "label", "cat"], descending=[False, True, False, False])
+        .group_by("gap_id", maintain_order=True)
+        .head(3)
+        .join(gaps.select("gap_id", "duration_ns"), on="gap_id")
+        .with_columns(
+            pl.col("cat").replace({c: short for c, _, short in CATEGORIES}).alias("cat"),
+            pl.int_range(pl.len()).over("gap_id").alias("_rank"),
+        )
+        .with_columns(
+            pl.when(pl.col("_rank") == 0)
+            .then(pl.format("{} ({}) {} ms of {} ms", "label", "cat", _fmt_ms(pl.col("ns")),
+                            _fmt_ms(pl.col("duration_ns"))))
+            .otherwise(pl.format("{} ({}) {} ms", "label", "cat", _fmt_ms(pl.col("ns"))))
+            .alias("_item")
+        )
+        .group_by("gap_id", maintain_order=True)
+        .agg(pl.col("_item").str.join("; ").alias("cause_detail"))
+    )
+    out = (
+        gaps.join(cov, on="gap_id", how="left")
+        .with_columns(pl.col(c).fill_null(0).cast(pl.Int64) for c in cols)
+        .join(any_cov, on="gap_id", how="left")
+        .join(per_label, on="gap_id", how="left")
+    )
+    # Largest coverage wins; the first column equal to the maximum keeps the GAP_CAUSES order
+    # for ties.
+    best = pl.max_horizontal(cols)
+    pick = pl.when(pl.col(cols[0]) == best).then(pl.lit(CATEGORIES[0][0]))
+    for cause, col, _ in CATEGORIES[1:]:
+        pick = pick.when(pl.col(col) == best).then(pl.lit(cause))
+    dur = pl.col("duration_ns").cast(pl.Float64)
+    enough = best >= min_cause_frac * dur
+    return out.with_columns(
+        pl.when(enough & (best > 0)).then(pick).otherwise(pl.lit("no_cuda_activity"))
+        .alias("cause"),
+        pl.when(enough & (best > 0)).then(best / dur)
+        .otherwise(1 - pl.col("_any").fill_null(0) / dur).alias("cause_frac"),
+        pl.col("cause_detail").fill_null(
+            "no CUDA API, OS-runtime, NVTX or profiler activity on the device's processes"
+        ),
+    )

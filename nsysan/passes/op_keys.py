@@ -1,0 +1,66 @@
+"""Joins on the op key ``(global_pid, correlation_id)`` through one packed Int64 column.
+
+Every GPU op is tied to the CUDA API call that launched it by ``(global_pid,
+correlation_id)``. Joining or de-duplicating million-row frames on those two columns costs two
+to four times the same on one Int64 column (polars hashes a row encoding of multi-column
+keys), so the pair is packed into ``code(global_pid) * span + (correlation_id - min)``:
+processes are few, and the correlation ids of one trace span far less than 2**62 / processes.
+When they do not fit, the key is a struct of the two columns (slower, same result).
+
+Either way the key is null when either column is: like a join on the two columns, null keys
+never match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import polars as pl
+
+OP_KEY = ["global_pid", "correlation_id"]
+#: name of the column `op_key` computes
+KEY = "_op_key"
+#: packed keys stay below this
+_LIMIT = 1 << 62
+
+JoinHow = Literal["inner", "left", "semi", "anti"]
+
+
+def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
+    """Expression for the ``_op_key`` column: equal for two rows taken from ``sources``
+    exactly when their ``global_pid`` and ``correlation_id`` are (null when either is).
+
+    ``sources`` are the frames the rows come from (rows may be filtered): the packing is
+    fixed by the values they hold, so keys of rows from other frames are meaningless.
+    """
+    both = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
+    fallback = pl.when(both).then(pl.struct(OP_KEY)).alias(KEY)
+    pids = pl.concat([f.get_column("global_pid").unique() for f in sources]).unique()
+    pids = pids.drop_nulls().sort()
+    corr = pl.concat([f.get_column("correlation_id") for f in sources])
+    lo, hi = corr.min(), corr.max()
+    if lo is None or hi is None or pids.is_empty():
+        return fallback  # no key can match: any form will do
+    span = int(hi) - int(lo) + 1  # type: ignore[arg-type]
+    if span * pids.len() >= _LIMIT:
+        return fallback
+    codes = dict(zip(pids.to_list(), range(pids.len()), strict=True))
+    code = pl.col("global_pid").replace_strict(codes, default=None, return_dtype=pl.Int64)
+    return (code * span + (pl.col("correlation_id") - lo)).alias(KEY)
+
+
+def join_on_op(
+    left: pl.LazyFrame,
+    right: pl.LazyFrame,
+    sources: Sequence[pl.DataFrame],
+    how: JoinHow = "inner",
+    **kwargs: Any,
+) -> pl.LazyFrame:
+    """``left.join(right, on=["global_pid", "correlation_id"], how=how, **kwargs)`` (not for
+    ``nulls_equal``), through `op_key` of ``sources``: the frames ``left`` and ``right`` take
+    their rows from. The output has ``left``'s key columns, as the plain join has."""
+    key = op_key(sources)
+    right_cols = right.collect_schema().names()
+    packed_right = right.with_columns(key).drop([c for c in OP_KEY if c in right_cols])
+    return left.with_columns(key).join(packed_right, on=KEY, how=how, **kwargs).drop(KEY)

@@ -1,0 +1,132 @@
+"""The shared per-device streams (`nsysan.findings.streams`) and the rules built on them give
+what the direct definitions give: coverage by prefix sums equals coverage by a union, the
+memoised busy union is the one `intervals` computes, exposed time is |S ∪ C| − |C|, and the
+short-gap launch test finds the earliest launch return of the ops that end each gap."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from findings_cases import scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsysan.findings import streams
+from nsysan.findings.context import Context
+from nsysan.frames import intervals
+from nsysan.frames.trace import Trace
+
+CPU = ["device_id", "start_ns", "end_ns"]
+
+
+def _frame(rows: list[tuple[int | None, int, int]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema={"device_id": pl.Int64, "start_ns": pl.Int64,
+                                      "end_ns": pl.Int64}, orient="row")
+
+
+intervals_st = st.lists(
+    st.tuples(st.sampled_from([0, 1, None]), st.integers(0, 200), st.integers(0, 40)).map(
+        lambda t: (t[0], t[1], t[1] + t[2])), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals_st, st.lists(st.integers(-10, 260), min_size=1, max_size=12))
+def test_covered_before_is_the_union_length_before_t(rows, ts) -> None:
+    u = intervals.union(_frame([r for r in rows if r[0] == 0]), by=[]).collect()
+    s, e = u["start_ns"].to_numpy(), u["end_ns"].to_numpy()
+    got = streams.covered_before(s, e, np.array(ts, dtype=np.int64))
+    want = [int(np.clip(np.minimum(e, t) - s, 0, None).sum()) for t in ts]
+    assert got.tolist() == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals_st, intervals_st)
+def test_uncovered_is_union_minus_cover(subset, cover) -> None:
+    """exposed = |S ∪ C| − |C| per device (the definition the exposed-copy rules use); a
+    subset on a null device is exposed entirely (nothing is matched with a null device)."""
+    s, c = _frame(subset), _frame(cover)
+    c = c.filter(pl.col("device_id").is_not_null())
+    blocks = intervals.union(s, by=["device_id"]).collect()
+    got = streams.uncovered_ns(blocks, intervals.union(c, by=["device_id"]).collect())
+    want = 0
+    for dev in s["device_id"].unique().to_list():
+        mine = s.filter(pl.col("device_id").is_null() if dev is None
+                        else pl.col("device_id") == dev)
+        theirs = c.filter(pl.col("device_id") == dev) if dev is not None else c.clear()
+        both = intervals.total(pl.concat([mine, theirs])).collect().item() or 0
+        alone = intervals.total(theirs).collect().item() or 0 if theirs.height else 0
+        want += both - alone
+    assert got == want
+
+
+def test_gaps_between_blocks_is_the_complement() -> None:
+    ops = _frame([(0, 10, 20), (0, 15, 30), (0, 40, 50), (1, 5, 6), (1, 8, 9), (0, 60, 61),
+                  (2, 1, 2)])
+    blocks = intervals.union(ops, by=["device_id"]).collect()
+    want = intervals.complement(ops, by=["device_id"]).collect()
+    assert streams.gaps_between(blocks).equals(want)
+
+
+def test_busy_union_is_memoised_per_frame() -> None:
+    tr, _ = scenario("healthy")
+    first = streams.busy_blocks(tr)
+    assert streams.busy_blocks(tr) is first  # computed once per trace
+    want = intervals.union(tr.frame("gpu_ops").filter(pl.col("start_ns") > 0),
+                           by=["device_id"]).collect()
+    assert first.equals(want)
+    # a trace over other frames gets its own union
+    ops = tr.frame("gpu_ops").head(3)
+    other = Trace.from_frames("other", {"gpu_ops": ops})
+    assert streams.busy_blocks(other).equals(
+        intervals.union(ops.filter(pl.col("start_ns") > 0), by=["device_id"]).collect())
+
+
+def _short_gaps_by_definition(ctx: Context) -> pl.DataFrame:
+    """The short-gap classification written directly on two-column joins (the definition)."""
+    ops, api = ctx.trace.frame("gpu_ops"), ctx.trace.frame("cuda_api")
+    busy = ops.lazy().filter(pl.col("start_ns") > 0).select(CPU)
+    gaps = (intervals.complement(busy, by=["device_id"])
+            .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+            .filter(pl.col("duration_ns") < ctx.params.short_gap_max_ns))
+    w = ctx.window
+    gaps = gaps.filter((pl.col("start_ns") >= w[0]) & (pl.col("end_ns") <= w[1]))
+    gaps = ctx._tag_blocked(gaps.sort("start_ns"))
+    ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
+    launch = (ops.lazy().join(ends, on=["device_id", "start_ns"], how="semi")
+              .join(api.lazy().select(["global_pid", "correlation_id",
+                                       pl.col("end_ns").alias("_api_end")]),
+                    on=["global_pid", "correlation_id"])
+              .group_by(["device_id", "start_ns"]).agg(pl.col("_api_end").min())
+              .rename({"start_ns": "end_ns"}))
+    gaps = gaps.join(launch, on=["device_id", "end_ns"], how="left")
+    late = pl.col("_api_end").is_not_null() & (pl.col("_api_end") > pl.col("start_ns"))
+    kind = (pl.when(pl.col("_in_sync")).then(pl.lit("sync"))
+            .when(pl.col("_in_copy")).then(pl.lit("copy"))
+            .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
+    return gaps.select([*CPU, "duration_ns", kind.alias("kind")]).collect()
+
+
+@pytest.mark.parametrize(("name", "kinds"), [
+    ("healthy", set()), ("sync_in_loop", set()), ("launch_bound", {"launch"}),
+    ("pageable_copies", {"copy", "launch"})])
+def test_short_gaps_match_the_definition(name: str, kinds: set[str]) -> None:
+    tr, res = scenario(name)
+    ctx = Context(tr, res)
+    ctx.can_classify_short_gaps()
+    got = ctx.short_gaps
+    assert got.equals(_short_gaps_by_definition(ctx))
+    assert set(got["kind"]) == kinds
+
+
+@pytest.mark.parametrize("name", ["healthy", "pageable_copies", "unoverlapped_h2d"])
+def test_exposed_ns_matches_the_definition(name: str) -> None:
+    tr, res = scenario(name)
+    ctx = Context(tr, res)
+    subset = ctx.trace.frame("gpu_ops").filter(pl.col("kind") == "memcpy").select(CPU)
+    compute = ctx.trace.frame("gpu_ops").filter(pl.col("op_class") == "compute").select(CPU)
+    both = intervals.total(pl.concat([subset, compute]), by=["device_id"]).collect()
+    comp = intervals.total(compute.filter(pl.col("device_id").is_in(
+        subset["device_id"].unique().implode())), by=["device_id"]).collect()
+    want = int(both["busy_ns"].sum()) - int(comp["busy_ns"].sum())
+    assert ctx.exposed_ns(subset) == want

@@ -1,0 +1,50 @@
+"""Input hashes for the manifest computed in the background (`prefetch_sha256`) are the hashes
+of the files as they are when the manifest is written: a prefetched hash is used once, and
+never for a file that changed since."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from nsysan.report import manifest
+from nsysan.report.manifest import describe_path, prefetch_sha256, sha256_file
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_prefetched_hash_is_the_files_hash(tmp_path: Path, monkeypatch) -> None:
+    f = tmp_path / "in.sqlite"
+    f.write_bytes(b"x" * (3 << 20))
+    prefetch_sha256([f])
+    calls: list[Path] = []
+    real = manifest._hash_now
+    monkeypatch.setattr(manifest, "_hash_now", lambda p: calls.append(p) or real(p))
+    assert sha256_file(f) == _sha(b"x" * (3 << 20))
+    assert calls == []  # served by the background thread
+    assert sha256_file(f) == _sha(b"x" * (3 << 20))
+    assert calls == [f]  # used once: a later manifest hashes again
+
+
+def test_a_file_changed_after_the_prefetch_is_hashed_again(tmp_path: Path) -> None:
+    f = tmp_path / "in.sqlite"
+    f.write_bytes(b"old contents")
+    prefetch_sha256([f])
+    f.write_bytes(b"new contents, longer")
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert sha256_file(f) == _sha(b"new contents, longer")
+
+
+def test_directories_and_missing_paths(tmp_path: Path) -> None:
+    d = tmp_path / "frames.parquetdir"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.parquet").write_bytes(b"a")
+    (d / "sub" / "b.parquet").write_bytes(b"b")
+    want = describe_path(d)
+    prefetch_sha256([d, tmp_path / "absent.sqlite"])  # nothing to hash for a missing path
+    assert describe_path(d) == want
+    assert describe_path(tmp_path / "absent.sqlite")["kind"] == "missing"
