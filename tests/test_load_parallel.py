@@ -149,3 +149,26 @@ def test_a_stray_integer_value_reads_as_on_the_row_path(
     _, bulk, rows = _both_paths(path, "NVTX_EVENTS", NVTX_COLS, monkeypatch)
     assert bulk.equals(rows) and bulk.schema == rows.schema
     assert bulk["textId"][3999] == rows_in[3999]["textId"]
+
+
+def test_an_unfinished_prefetch_does_not_hold_up_exit(tmp_path: Path) -> None:
+    """Interrupting an analysis (or finishing one that needed fewer frames) must not wait for
+    frames still loading in the background."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import time\n"
+        "from pathlib import Path\n"
+        "from nsysan.frames.trace import Trace, TraceMeta\n"
+        "meta = TraceMeta(trace_id='t', path=Path('t'), source_path=Path('t'),"
+        " source_format='memory')\n"
+        "Trace(meta, lambda name: time.sleep(60)).prefetch(['gpu_ops', 'nvtx'])\n"
+        "time.sleep(0.2)\n"
+    )
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], timeout=30)
+    assert done.returncode == 0
+    assert time.perf_counter() - t0 < 20

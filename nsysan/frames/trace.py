@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +51,6 @@ class Trace:
         # (or a frame that depends on it, e.g. sync on cuda_api) ask for it at the same time.
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._prefetch: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
@@ -76,24 +75,26 @@ class Trace:
     def prefetch(self, names: Iterable[str], workers: int = 2) -> None:
         """Start building ``names`` in background threads, in the given order.
 
-        Why: reading SQLite and the polars work of building a frame release the GIL, so on a
-        multi-core machine the frames of a big trace load in parallel, and while the first
-        passes already run. A frame asked for before its thread got to it is built by the
-        caller; a failed build is simply built again (and raises) when asked for.
+        Why: reading SQLite (`SqliteSource` bulk reads) and the polars work of building a frame
+        release the GIL, so on a multi-core machine the frames of a big trace load in parallel,
+        and while the first passes already run. A frame asked for before a thread got to it is
+        built by the caller; a failed build is simply built again (and raises) when asked for.
+        The threads are daemons: an interrupted analysis exits without waiting for them.
         """
-        todo = [n for n in dict.fromkeys(names) if n in schemas.CANONICAL and n not in self._frames]
-        if not todo:
-            return
-        if self._prefetch is None:
-            self._prefetch = ThreadPoolExecutor(workers, thread_name_prefix="nsysan-frames")
-        for name in todo:
-            self._prefetch.submit(self._quiet_frame, name)
-        self._prefetch.shutdown(wait=False)  # threads end when the queue is done
-        self._prefetch = None
+        todo = deque(n for n in dict.fromkeys(names)
+                     if n in schemas.CANONICAL and n not in self._frames)
 
-    def _quiet_frame(self, name: str) -> None:
-        with contextlib.suppress(Exception):  # the caller's own frame() call reports it
-            self.frame(name)
+        def work() -> None:
+            while todo:
+                try:
+                    name = todo.popleft()
+                except IndexError:  # another thread took the last one
+                    return
+                with contextlib.suppress(Exception):  # the caller's own frame() reports it
+                    self.frame(name)
+
+        for _ in range(min(workers, len(todo))):
+            threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
 
     def lazy(self, name: str) -> pl.LazyFrame:
         return self.frame(name).lazy()
