@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from nsysan.passes.base import Finding, PassResult
 
 #: the event frames an analysis reads, in the order the passes first need them
 EVENT_FRAMES = ("gpu_ops", "nvtx", "cuda_api", "sync", "osrt", "overhead")
+#: small frames read by the nccl pass (meta: the ranks) and the findings (gpus: memory), a few
+#: ms each: loaded in the background too, after the event frames
+SMALL_FRAMES = ("meta", "gpus")
 
 
 @dataclass
@@ -67,6 +71,44 @@ def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None) -> Tr
     return open_trace(path_or_trace, nsys=nsys)
 
 
+#: the traces `start` has already started (so that `analyze` of one does not start it again)
+_STARTED: weakref.WeakSet[Trace] = weakref.WeakSet()
+
+
+def start(
+    path_or_trace: str | os.PathLike[str] | Trace,
+    *,
+    nsys: str | None = None,
+    findings: bool = True,
+    hash_inputs: bool = False,
+) -> Trace:
+    """Open a trace for `analyze` and start reading what the analysis will need.
+
+    The frames are built in background threads (SQLite reads and polars release the GIL), so
+    the big tables of a trace are read on both cores, while the caller imports or validates
+    and while the first passes run; with ``hash_inputs`` the input files are hashed for the
+    manifest in a background thread too. `analyze` calls it; a caller may call it earlier
+    (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
+    """
+    trace = _open(path_or_trace, nsys)
+    if trace in _STARTED:
+        return trace
+    if hash_inputs:
+        from nsysan.report.manifest import default_inputs, prefetch_sha256
+
+        prefetch_sha256(default_inputs(trace))
+    if not trace.has("gpu_ops") and not trace.has("cuda_api"):
+        from nsysan.errors import SchemaError
+
+        raise SchemaError(
+            f"{trace.meta.path}: no CUDA activity tables (CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/"
+            "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
+        )
+    trace.prefetch((*EVENT_FRAMES, *SMALL_FRAMES) if findings else EVENT_FRAMES[:3])
+    _STARTED.add(trace)
+    return trace
+
+
 def analyze(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
@@ -91,27 +133,20 @@ def analyze(
         if value is not None and value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
     t0 = time.perf_counter()
-    trace = _open(path_or_trace, nsys)
+    trace = start(path_or_trace, nsys=nsys, findings=findings, hash_inputs=hash_inputs)
     timings = {"open": time.perf_counter() - t0}
-    if hash_inputs:
-        from nsysan.report.manifest import default_inputs, prefetch_sha256
-
-        prefetch_sha256(default_inputs(trace))
-    if not trace.has("gpu_ops") and not trace.has("cuda_api"):
-        from nsysan.errors import SchemaError
-
-        raise SchemaError(
-            f"{trace.meta.path}: no CUDA activity tables (CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/"
-            "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
-        )
-    # Frames load in background threads (SQLite reads and polars release the GIL), so the
-    # big tables of a trace are read on both cores and while the first passes run.
-    trace.prefetch(EVENT_FRAMES if findings else EVENT_FRAMES[:3])
+    if findings:
+        # Imported while the frames load (the first pass waits for them anyway), not after
+        # the passes: the import is ~0.05 s, a tenth of a small analysis.
+        _findings_module()
     results: dict[str, PassResult] = {}
     for spec in specs:
         t = time.perf_counter()
         results[spec.name] = spec.run(trace, params[spec.name], results)
         timings[spec.name] = time.perf_counter() - t
+    from nsysan.passes.steps import forget_segments
+
+    forget_segments(trace)  # shared by steps and overlap only; held while the passes run
     out = AnalysisResult(
         trace=trace,
         results=results,
@@ -126,12 +161,19 @@ def analyze(
     return out
 
 
-def _diagnose(result: AnalysisResult) -> Any:
+def _findings_module() -> Any:
     try:
-        from nsysan.findings import diagnose
+        import nsysan.findings
     except ImportError:  # findings package not installed in this build
         return None
-    return diagnose(result.trace, result.results, **{
+    return nsysan.findings
+
+
+def _diagnose(result: AnalysisResult) -> Any:
+    findings = _findings_module()
+    if findings is None:
+        return None
+    return findings.diagnose(result.trace, result.results, **{
         k: v for k, v in result.options.items() if v is not None
     })
 

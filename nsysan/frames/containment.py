@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames.intervals import END, START
@@ -131,18 +132,49 @@ def tightest(
         .select([*by, range_id])
         .collect()
     )
-    best = (
-        pairs.lazy()
-        .select([*by, query_id, range_id])
-        .join(ranked.with_row_index("_rank").lazy(), on=[*by, range_id], how="inner")
-        .group_by([*by, query_id])
-        .agg(pl.col("_rank").min())
-        .collect()
-    )
+    rank = _rank_lookup(pairs, ranked[range_id], range_id) if not by else None
+    if rank is not None:
+        best = (
+            pairs.lazy()
+            .select(query_id, rank)
+            .filter(pl.col("_rank") >= 0)  # pairs of unknown ranges: the join drops them
+            .group_by(query_id)
+            .agg(pl.col("_rank").min())
+            .collect()
+        )
+    else:
+        best = (
+            pairs.lazy()
+            .select([*by, query_id, range_id])
+            .join(ranked.with_row_index("_rank").lazy(), on=[*by, range_id], how="inner")
+            .group_by([*by, query_id])
+            .agg(pl.col("_rank").min())
+            .collect()
+        )
     # A rank is a row of the tightness-sorted ranges: a gather gives the range back.
     return best.select(
         [*by, query_id, ranked[range_id].gather(best["_rank"])]
     ).lazy()
+
+
+def _rank_lookup(pairs: pl.LazyFrame | pl.DataFrame, ranked: pl.Series, range_id: str,
+                 ) -> pl.Series | None:
+    """``_rank`` (row of ``ranked``; -1: absent) of every pair's range, by an array lookup,
+    when the range ids are distinct, non-negative and dense (e.g. row indices); else None.
+    Probing a hash table with millions of pairs costs several times this gather."""
+    if not ranked.dtype.is_integer() or ranked.null_count() or ranked.is_empty():
+        return None
+    lo, hi = int(ranked.min()), int(ranked.max())  # type: ignore[arg-type]
+    if lo < 0 or hi >= 4 * ranked.len() + 1024 or ranked.n_unique() < ranked.len():
+        return None
+    rank_of = np.full(hi + 1, -1, np.int64)
+    rank_of[ranked.to_numpy()] = np.arange(ranked.len())
+    ids = pairs.lazy().select(range_id).collect().to_series()
+    if ids.null_count() or not ids.dtype.is_integer():
+        return None
+    ids_np = ids.to_numpy()
+    inside = (ids_np >= 0) & (ids_np <= hi)
+    return pl.Series("_rank", np.where(inside, rank_of[ids_np.clip(0, hi)], -1))
 
 
 def equal_shares(

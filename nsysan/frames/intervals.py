@@ -348,9 +348,9 @@ def _segment_sums(df: pl.LazyFrame | pl.DataFrame, seg: pl.DataFrame,
         w = seg.select(
             w.fill_null(0).cast(pl.Int64).alias(f"_w{i}") for i, w in enumerate(weights.values())
         )
-        segs = order.select(keys.group(pl.col(start)).alias(GROUP), start, end).hstack(
-            w.select(pl.all().gather(order["_row"]))
-        )
+        if not order["_row"].is_sorted():  # segments usually come sorted: no gather then
+            w = w.select(pl.all().gather(order["_row"]))
+        segs = order.select(keys.group(pl.col(start)).alias(GROUP), start, end).hstack(w)
     # Global exclusive running sums of weighted lengths; a group's own prefix is the
     # difference to the value at its first segment, looked up only where it is needed.
     # (numpy: its running sum is about twice as fast as polars' here.)

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames import containment as cn
@@ -45,7 +46,7 @@ from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.op_keys import KEY, op_key
+from nsysan.passes.op_keys import KEY, op_key, unique_rows
 
 RANGE_STYLES = ("push_pop", "start_end")
 _OP_KEY = ["global_pid", "correlation_id"]
@@ -136,10 +137,12 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     )
 
 
-def _launches(cuda_api: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The API calls that launched GPU ops (``launch_id``, ``global_tid``, bounds) and the
+def _launches(cuda_api: pl.DataFrame, ops: pl.DataFrame,
+              ) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    """The API calls that launched GPU ops (``launch_id``, ``global_tid``, bounds), the
     op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds), on ``_OP_KEY``
-    packed into one column (`op_keys.op_key`, computed once for both joins)."""
+    packed into one column (`op_keys.op_key`, computed once for both joins), and whether
+    every op has one launch at most (then the op table is in ``op_id`` order)."""
     key = op_key([cuda_api, ops])
     api = (
         cuda_api.select(key, "global_tid", "start_ns", "end_ns")
@@ -147,11 +150,91 @@ def _launches(cuda_api: pl.DataFrame, ops: pl.DataFrame) -> tuple[pl.DataFrame, 
         .with_columns(pl.col("launch_id").cast(pl.Int64))
     )
     op_k = ops.select("op_id", key, "device_id", "start_ns", "end_ns")
+    cols = ["launch_id", "global_tid", "start_ns", "end_ns"]
+    row = unique_rows(api[KEY], op_k[KEY])
+    if row is not None:  # distinct API keys: a binary search per op, no hash joins
+        found = row >= 0
+        launch = row.filter(found)
+        used = np.zeros(api.height, bool)
+        used[launch.to_numpy()] = True
+        op_launch = op_k.filter(found).select(
+            "op_id", launch.alias("launch_id"), "device_id", "start_ns", "end_ns"
+        )
+        return api.filter(pl.Series(used)).select(cols), op_launch, True
     launches = api.join(op_k.select(KEY), on=KEY, how="semi")
     op_launch = op_k.join(launches.select("launch_id", KEY), on=KEY, how="inner").select(
         "op_id", "launch_id", "device_id", "start_ns", "end_ns"
     )
-    return launches.select("launch_id", "global_tid", "start_ns", "end_ns"), op_launch
+    return launches.select(cols), op_launch, False
+
+
+def _owned(op_launch: pl.DataFrame, inner: pl.DataFrame, n_launches: int,
+           one_launch: bool) -> pl.DataFrame:
+    """``op_id, rix, device_id, start_ns, end_ns``: every op with the innermost range of its
+    launch (``inner``: ``launch_id, rix``), in ``op_id`` order."""
+    if one_launch:
+        # Launch ids are API rows: the innermost range is an array lookup, and ops keep
+        # their op_id order (one launch each, so nothing to sort or de-duplicate).
+        rix_of = np.full(max(n_launches, 1), -1, np.int64)
+        rix_of[inner["launch_id"].to_numpy()] = inner["rix"].to_numpy()
+        rix = pl.Series("rix", rix_of[op_launch["launch_id"].to_numpy()])
+        return (
+            op_launch.with_columns(rix)
+            .filter(pl.col("rix") >= 0)
+            .select("op_id", pl.col("rix").cast(inner.schema["rix"]),
+                    "device_id", "start_ns", "end_ns")
+        )
+    return (
+        op_launch.lazy()
+        .join(inner.lazy(), on="launch_id")
+        .sort(["op_id", "rix"])
+        .unique("op_id", keep="first")  # an op with two identical API rows is owned once
+        .select("op_id", "rix", "device_id", "start_ns", "end_ns")
+        .collect()
+    )
+
+
+def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame, pl.Series]:
+    """Layers get a dense id (``lid``) so that strings stay out of the group-bys over
+    memberships: the layer table (``lid, domain, name``) and the ``lid`` of every ``rix``."""
+    # Names repeat a lot (one per layer call): naming the layer of each distinct name, not
+    # of each range, runs the regexes over a few hundred strings instead of millions.
+    names = ranges.group_by("domain", "name").agg("rix")
+    layer = layer_name(pl.col("name")) if group_numbered else pl.col("name")
+    names = names.with_columns(layer.alias("_layer"))
+    layer_tab = (
+        names.select("domain", pl.col("_layer").alias("name")).unique().with_row_index("lid")
+    )
+    per_rix = (
+        names.join(layer_tab, left_on=["domain", "_layer"], right_on=["domain", "name"],
+                   how="left", nulls_equal=True)
+        .select("rix", "lid")
+        .explode("rix", empty_as_null=False)
+    )
+    lid = np.zeros(ranges.height, np.uint32)
+    lid[per_rix["rix"].to_numpy()] = per_rix["lid"].to_numpy()
+    return layer_tab, pl.Series("lid", lid, pl.UInt32)
+
+
+def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> pl.DataFrame:
+    """``pairs`` (``launch_id, rix``) joined with ``op_launch`` on ``launch_id``."""
+    # A merge join: launch ids of the ops come nearly sorted (a cheap stable argsort) and
+    # each pair's ops are one block of them, found by two binary searches; a hash join over
+    # millions of pairs misses the cache at every probe.
+    launch = op_launch["launch_id"].to_numpy()
+    order = np.argsort(launch, kind="stable")
+    ordered = launch[order]
+    wanted = pairs["launch_id"].to_numpy()
+    lo = np.searchsorted(ordered, wanted, side="left")
+    n = np.searchsorted(ordered, wanted, side="right") - lo
+    pair_rows = np.repeat(np.arange(len(wanted)), n)
+    # Row k of a pair's block: its first row plus k (k counts up from 0 inside each block).
+    first = np.repeat(lo - (np.cumsum(n) - n), n)
+    op_rows = order[first + np.arange(len(pair_rows))]
+    return (
+        pairs.select("launch_id", "rix")[pair_rows]
+        .hstack(op_launch.select(pl.exclude("launch_id"))[op_rows])
+    )
 
 
 def _busy(members: pl.DataFrame, group: str) -> pl.LazyFrame:
@@ -184,38 +267,25 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # ``rix``: a dense range index in range_id order. Every heavy step keys on it (one small
     # integer) and ties broken on range_id break the same way on it.
     ranges = _with_nesting(eligible_ranges(trace.nvtx)).sort("range_id").with_row_index("rix")
-    layer_of = layer_name(pl.col("name")) if params.group_numbered else pl.col("name")
-    # Layers get a dense id too: strings stay out of the group-bys over memberships.
-    layer_keys = ranges.select("domain", layer_of.alias("name"))
-    layer_tab = layer_keys.unique().with_row_index("lid")
-    lid_of_rix = layer_keys.join(
-        layer_tab, on=["domain", "name"], how="left", nulls_equal=True, maintain_order="left"
-    )["lid"]
+    layer_tab, lid_of_rix = _layer_ids(ranges, params.group_numbered)
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
     ops = (
         trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").fill_null(-1), "start_ns", "end_ns"])
         .with_row_index("op_id")
     )
-    launches, op_launch = _launches(trace.cuda_api, ops)
+    launches, op_launch, one_launch = _launches(trace.cuda_api, ops)
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     pairs = cn.enclosing(
         launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
     ).collect()
     # Inclusive membership: (range, op) for every enclosing range.
-    inc = pairs.select("launch_id", "rix").join(op_launch, on="launch_id")
+    inc = _members(pairs, op_launch)
     inc = inc.with_columns(lid=lid_of_rix.gather(inc["rix"]))
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
     # (launch_id and rix are unique across threads: no ``by`` needed.)
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
-    owned = (
-        op_launch.lazy()
-        .join(inner, on="launch_id")
-        .sort(["op_id", "rix"])
-        .unique("op_id", keep="first")  # an op with two identical API rows is owned once
-        .select("op_id", "rix", "device_id", "start_ns", "end_ns")
-        .collect()
-    )
+    owned = _owned(op_launch, inner.collect(), trace.cuda_api.height, one_launch)
 
     proj = inc.lazy().group_by("rix").agg(
         pl.col("start_ns").min().alias("proj_start_ns"),

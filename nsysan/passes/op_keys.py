@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 import polars as pl
 
 OP_KEY = ["global_pid", "correlation_id"]
@@ -64,3 +65,31 @@ def join_on_op(
     right_cols = right.collect_schema().names()
     packed_right = right.with_columns(key).drop([c for c in OP_KEY if c in right_cols])
     return left.with_columns(key).join(packed_right, on=KEY, how=how, **kwargs).drop(KEY)
+
+
+def unique_rows(table: pl.Series, queries: pl.Series) -> pl.Series | None:
+    """For every key of ``queries``, the row of ``table`` holding the same key (-1: none; null
+    keys match nothing), when ``table``'s non-null keys are distinct non-negative integers
+    (packed keys of `op_key` or `packed_keys.Keys`); None otherwise (struct keys, or a key
+    held twice: use a join then).
+
+    Why not a hash join: keys follow launch order, so both sides come nearly sorted; a
+    (nearly free) stable argsort and a binary search per query stay in cache, where hash
+    tables of millions of rows do not, and grow worse than linearly with the trace.
+    """
+    if table.dtype != pl.Int64 or queries.dtype != pl.Int64:
+        return None
+    lowest = table.min()
+    if lowest is not None and int(lowest) < 0:  # type: ignore[arg-type]
+        return None
+    keys = table.fill_null(-1).to_numpy()  # -1 marks null: no key is negative
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    if np.any((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)):
+        return None
+    q = queries.fill_null(-1).to_numpy()
+    if not len(ordered):
+        return pl.Series(np.full(len(q), -1, np.int64))
+    pos = np.searchsorted(ordered, q).clip(0, len(ordered) - 1)
+    hit = (ordered[pos] == q) & (q >= 0)
+    return pl.Series(np.where(hit, order[pos], -1).astype(np.int64))

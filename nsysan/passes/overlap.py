@@ -28,7 +28,7 @@ from nsysan.frames import schemas
 from nsysan.frames.packed_keys import GROUP, Keys, group_agg
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.steps import OVERLAP_CLASSES, state_has, step_windows, with_overlap_class
+from nsysan.passes.steps import OVERLAP_CLASSES, device_segments, state_has, step_windows
 
 IDLE = 0  # state code with no class active
 
@@ -102,14 +102,15 @@ def _per_step(
 def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
     tid = trace.trace_id
     ops = (
-        with_overlap_class(trace.frame("gpu_ops"))
-        .filter((pl.col("start_ns") > 0) & pl.col("cls").is_not_null())
-        .select("device_id", "pid", "stream_id", "cls", "start_ns", "end_ns")
+        trace.frame("gpu_ops").lazy()
+        .filter((pl.col("start_ns") > 0)
+                & pl.col("op_class").is_in(list(schemas.OVERLAP_CLASS_OF_OP_CLASS)))
+        .select("device_id", "pid", "stream_id", "start_ns", "end_ns")
         .collect()
     )
-    # States stay integer bit sets (cheap to group) until the tables are small.
-    segs = iv.state_code_segments(ops, OVERLAP_CLASSES, by=["device_id"], class_col="cls")
-    segs_df = segs.collect()
+    # States stay integer bit sets (cheap to group) until the tables are small. The steps
+    # pass usually built them already.
+    segs_df = device_segments(trace)
     label = pl.col("state_code").replace_strict(
         iv.state_names(OVERLAP_CLASSES), return_dtype=pl.String
     ).alias("state")

@@ -48,6 +48,7 @@ are 0-based positions, not the numbers in range names.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ from nsysan.frames import schemas
 from nsysan.frames.packed_keys import Keys
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.op_keys import unique_rows
 
 STEP_NAME_PATTERN = (
     r"(?i)^\s*(?:(?:train|training|eval|val|valid|validation|test|profiler|global)[ _\-]?)?"
@@ -67,6 +69,12 @@ STEP_NAME_PATTERN = (
 #: op_class -> overlap class (compute, nccl, h2d, ...) and the classes in state-label order
 _CLASS_OF = schemas.OVERLAP_CLASS_OF_OP_CLASS
 OVERLAP_CLASSES = tuple(dict.fromkeys(_CLASS_OF.values()))
+#: While every overlap class has one op_class, op_class names can stand for the classes in the
+#: sweep (same bits, same order): no per-op column of class names is built and mapped again.
+_ONE_TO_ONE = len(_CLASS_OF) == len(OVERLAP_CLASSES)
+#: trace -> (the gpu_ops frame, `device_segments` of it): kept by steps for the overlap pass
+_SEGMENTS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] = (
+    weakref.WeakKeyDictionary())
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,38 @@ def with_overlap_class(ops: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     )
 
 
+def _state_segments(ops: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyFrame:
+    """`intervals.state_code_segments` of ``ops`` over `OVERLAP_CLASSES`."""
+    if _ONE_TO_ONE:
+        return iv.state_code_segments(ops, list(_CLASS_OF), by=by, class_col="op_class")
+    return iv.state_code_segments(with_overlap_class(ops), OVERLAP_CLASSES, by=by,
+                                  class_col="cls")
+
+
+def device_segments(trace: Trace, keep: bool = False) -> pl.DataFrame:
+    """``device_id, start_ns, end_ns, state_code``: the overlap states
+    (`intervals.state_code_segments` over `OVERLAP_CLASSES`) of the timed GPU ops
+    (``start_ns > 0``) of every device.
+
+    Steps (per-step metrics of one device) and overlap (every device) need the same sweep,
+    half a second on 1M kernels: the steps pass builds it with ``keep`` and the overlap pass
+    takes it over (it is dropped from the memo then, so it does not outlive its last use).
+    Memoised per trace, weakly, and per ``gpu_ops`` frame object (never stale)."""
+    ops = trace.frame("gpu_ops")
+    hit = _SEGMENTS.get(trace) if keep else _SEGMENTS.pop(trace, None)
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    segs = _state_segments(ops.lazy().filter(pl.col("start_ns") > 0), ["device_id"]).collect()
+    if keep:
+        _SEGMENTS[trace] = (ops, segs)
+    return segs
+
+
+def forget_segments(trace: Trace) -> None:
+    """Drop the kept `device_segments` of ``trace`` (when the overlap pass did not run)."""
+    _SEGMENTS.pop(trace, None)
+
+
 def primary_device(ops: pl.DataFrame) -> int | None:
     """The device with the most busy time (union of its ops); ties: the lowest id."""
     busy = iv.total(ops.select("device_id", "start_ns", "end_ns"), by=["device_id"]).collect()
@@ -135,7 +175,12 @@ def window_metrics(ops: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> p
 
     ``windows`` holds ``by + [step, start_ns, end_ns]``.
     """
-    segs = iv.state_code_segments(with_overlap_class(ops), OVERLAP_CLASSES, by=by, class_col="cls")
+    return _window_sums(_state_segments(ops, by), windows, by)
+
+
+def _window_sums(segs: pl.LazyFrame | pl.DataFrame, windows: pl.DataFrame, by: list[str],
+                 ) -> pl.LazyFrame:
+    """`window_metrics` from the state segments (``by + [start_ns, end_ns, state_code]``)."""
     # States as bit sets, and sums of 0/1-weighted segment time per window: no label strings
     # and no cutting two million segments into pieces at the window bounds.
     bit = {c: 1 << i for i, c in enumerate(OVERLAP_CLASSES)}
@@ -228,12 +273,14 @@ def _project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     keys = Keys([calls, launches], ["global_pid"], ["correlation_id"])
     ids = calls.select("step", "global_tid", keys.pack(0, "correlation_id").alias("_id"))
     op_ids = launches.select(keys.pack(1, "correlation_id").alias("_id"), "_os", "_oe")
-    first = (
-        ids.filter(pl.col("global_tid") == tid)
-        .join(op_ids, on="_id")
-        .group_by("step")
-        .agg(pl.col("_os").min().alias("_first"))
-    )
+    own = ids.filter(pl.col("global_tid") == tid)
+    call = unique_rows(own["_id"], op_ids["_id"])
+    if call is None:  # an op key held by two calls: a join lists every pair
+        matched = own.join(op_ids, on="_id").select("step", "_os")
+    else:  # one call per key: a binary search per op finds it
+        found = call >= 0
+        matched = op_ids.filter(found).select(own["step"].gather(call.filter(found)), "_os")
+    first = matched.group_by("step").agg(pl.col("_os").min().alias("_first"))
     win = cpu.join(first, on="step", how="left").sort("step")
     if win["_first"].null_count() == win.height:
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
@@ -387,9 +434,10 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
     dev = primary_device(busy_ops) if not busy_ops.is_empty() else None
     metrics.setdefault("steps_device_id", dev)
     dev = metrics["steps_device_id"]
-    dev_ops = (busy_ops.filter(pl.col("device_id") == dev) if dev is not None
-               else busy_ops.clear())
-    per_step = window_metrics(dev_ops, windows.select("step", "start_ns", "end_ns"), by=[])
+    segs = device_segments(trace, keep=True)
+    dev_segs = (segs.filter(pl.col("device_id") == dev) if dev is not None
+                else segs.clear()).drop("device_id")
+    per_step = _window_sums(dev_segs, windows.select("step", "start_ns", "end_ns"), by=[])
     dur = pl.col("end_ns") - pl.col("start_ns")
     table = (
         windows.lazy()

@@ -154,13 +154,22 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
     bw = width / (tl.edges.size - 1)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 90}" height="{h}" '
            f'class="tl"><g transform="translate(90,0)">']
-    for i in range(tl.edges.size - 1):  # one rect per bin (bounded by n_bins), not per event
-        tip = ", ".join(f"{n} {fmt_frac(float(tl.lanes[n][i]))}" for n in lanes)
-        bh = top_h * float(tl.busy[i])
+    # Each share is formatted once (the tooltips of the busy bars and of the lane cells repeat
+    # them), from plain floats: numpy scalars cost more per operation.
+    shares = {n: tl.lanes[n].tolist() for n in lanes}
+    texts = {n: [fmt_frac(v) for v in shares[n]] for n in lanes}
+    secs = (tl.edges / 1e9).tolist()
+    busy = tl.busy.tolist()
+    n_bins = tl.edges.size - 1
+    tips = ([", ".join(parts) for parts in zip(*([f"{n} {t}" for t in texts[n]] for n in lanes),
+                                                strict=True)]
+            if lanes else [""] * n_bins)
+    for i in range(n_bins):  # one rect per bin (bounded by n_bins), not per event
+        bh = top_h * busy[i]
         out.append(f'<rect x="{i * bw:.2f}" y="{top_h - bh:.2f}" width="{bw + 0.3:.2f}" '
                    f'height="{bh:.2f}" fill="{_COLORS["compute"]}" fill-opacity="0.55">'
-                   f'<title>{tl.edges[i] / 1e9:.6f} s: busy {fmt_frac(float(tl.busy[i]))}; '
-                   f'{html.escape(tip)}</title></rect>')
+                   f'<title>{secs[i]:.6f} s: busy {fmt_frac(busy[i])}; '
+                   f'{html.escape(tips[i])}</title></rect>')
     for s, e, d, cause, detail in tl.gaps.iter_rows():
         x = (s - t0) * scale
         out.append(f'<rect x="{x:.2f}" y="0" width="{max((e - s) * scale, 1):.2f}" '
@@ -172,12 +181,11 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
         out.append(f'<text x="-4" y="{y + 10}" text-anchor="end" font-size="10">'
                    f'{html.escape(n)}</text>')
         color = _COLORS.get(n, "#555")
-        for i, v in enumerate(tl.lanes[n]):
+        for i, (v, text) in enumerate(zip(shares[n], texts[n], strict=True)):
             if v > 0.005:
                 out.append(f'<rect x="{i * bw:.2f}" y="{y}" width="{bw + 0.3:.2f}" '
                            f'height="{lane_h - 2}" fill="{color}" fill-opacity="{min(v, 1):.2f}">'
-                           f'<title>{n}: {fmt_frac(float(v))} of '
-                           f'{tl.edges[i] / 1e9:.6f} s bin</title></rect>')
+                           f'<title>{n}: {text} of {secs[i]:.6f} s bin</title></rect>')
     out.append(f'<text x="0" y="{h - 4}" font-size="10">{t0 / 1e9:.3f} s</text>'
                f'<text x="{width}" y="{h - 4}" font-size="10" text-anchor="end">'
                f'{t1 / 1e9:.3f} s</text></g></svg>')

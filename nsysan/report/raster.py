@@ -16,6 +16,10 @@ import numpy as np
 import polars as pl
 from PIL import Image, ImageDraw, ImageFont
 
+# The format plugins that Pillow loads on the first save (~15 ms): at import, which
+# `nsysan analyze` does while the trace loads, instead of inside the first picture.
+Image.preinit()
+
 WHITE = (255, 255, 255)
 INK = (33, 33, 33)
 GRID = (224, 224, 224)

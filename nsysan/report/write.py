@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,19 +70,26 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     window = ((diagnosis.baseline.window_start_ns, diagnosis.baseline.window_end_ns)
               if diagnosis.baseline.window_start_ns is not None else None)
     timelines = plots.device_timelines(trace, tables, window)
-    pngs: list[tuple[int, str]] = []
-    for tl in timelines:
-        p = plots.timeline_png(tl, out / f"timeline_device{tl.device_id}.png")
-        written.append(p)
-        pngs.append((tl.device_id, p.name))
+    pngs = [(tl.device_id, f"timeline_device{tl.device_id}.png") for tl in timelines]
     images: dict[str, str] = {}
-    if layers is not None and layers.height and diagnosis.attribution_note() is None:
-        written.append(plots.layers_png(layers, out / "layers.png"))
+    with_layers = (layers is not None and layers.height > 0
+                   and diagnosis.attribution_note() is None)
+    if with_layers:
         images["layers_png"] = "layers.png"
-    written.append(plots.report_html(out / "report.html", diagnosis, trace, timelines, layers))
     images["html"] = "report.html"
-    written.append(write_markdown(out, diagnosis, trace, layers, images, pngs,
-                                  tables.get("steps"), tables.get("overlap")))
+    # The timelines are drawn in a thread while this one writes the HTML and the markdown, then
+    # the layer bars (the longer half is the timelines): the pictures are mostly numpy and
+    # Pillow work (zlib encoding releases the GIL), the documents are Python.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-png") as pool:
+        drawn = [pool.submit(plots.timeline_png, tl, out / name)
+                 for tl, (_, name) in zip(timelines, pngs, strict=True)]
+        html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers)
+        md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
+                            tables.get("overlap"))
+        bars = ([plots.layers_png(layers, out / "layers.png")]
+                if with_layers and layers is not None else [])
+        written += [f.result() for f in drawn]
+    written += [*bars, html, md]
     written.append(write_findings_json(out, diagnosis, trace, [p.name for p in written
                                                                if p.suffix != ".md"]))
     if before_manifest is not None:
