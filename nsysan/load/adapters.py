@@ -32,6 +32,7 @@ Mapping rules (documented here because they are choices, not nsys facts):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -287,23 +288,26 @@ class Adapter:
     # -- frames --------------------------------------------------------------------------------
     def build(self, frame: str) -> pl.DataFrame:
         """The canonical frame ``frame``, empty (with its schema) when not captured."""
-        # imported here: both modules build on this one
-        from nsysan.load import adapters_gpu, adapters_info, adapters_nvtx
-
-        builders: dict[str, Callable[[Adapter], pl.DataFrame | None]] = {
-            "gpu_ops": adapters_gpu.build_gpu_ops,
+        builders: dict[str, Callable[[Adapter], pl.DataFrame | None] | tuple[str, str]] = {
+            "gpu_ops": ("adapters_gpu", "build_gpu_ops"),
             "cuda_api": Adapter.cuda_api,
-            "nvtx": adapters_nvtx.build_nvtx,
+            "nvtx": ("adapters_nvtx", "build_nvtx"),
             "osrt": Adapter.osrt,
             "sync": Adapter.sync,
             "overhead": Adapter.overhead,
-            "gpus": adapters_info.build_gpus,
-            "streams": adapters_info.build_streams,
-            "processes": adapters_info.build_processes,
-            "threads": adapters_info.build_threads,
-            "meta": adapters_info.build_meta,
+            "gpus": ("adapters_info", "build_gpus"),
+            "streams": ("adapters_info", "build_streams"),
+            "processes": ("adapters_info", "build_processes"),
+            "threads": ("adapters_info", "build_threads"),
+            "meta": ("adapters_info", "build_meta"),
         }
-        df = builders[frame](self)
+        builder = builders[frame]
+        if isinstance(builder, tuple):
+            # Imported on first use: those modules build on this one, and importing
+            # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
+            module, name = builder
+            builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
+        df = builder(self)
         return df if df is not None else schemas.empty(schemas.CANONICAL[frame])
 
     def cuda_api(self) -> pl.DataFrame | None:
