@@ -2,7 +2,9 @@
 
 Reading strategy (measured in ``bench/RESULTS.md``, "Loading" and "Analyze"): INTEGER columns
 (nearly everything nsysan reads) go through the ADBC SQLite driver into Arrow buffers, 3-4x
-faster than the stdlib on big tables; every other column, and any table where ADBC fails, goes
+faster than the stdlib on big tables (tables of `BULK_MIN_ROWS` rows or more: every column in
+one query through pyarrow's reader, which releases the GIL so that frames load in parallel,
+see `SqliteSource._read_bulk`); every other column, and any table where ADBC fails, goes
 through the stdlib ``sqlite3`` module (``fetchmany`` in chunks, one typed ``pl.Series`` per
 column). ADBC alone is not robust on nsys exports: SQLite is dynamically typed, ADBC fixes a
 column's type from its first batch (an NVTX ``text`` column that starts with NULLs fails) and
