@@ -227,3 +227,21 @@ def test_planted_steps_and_exposed_nccl_per_step(name, layout, tmp_path):
         assert t["exposed_nccl_ns"].to_list() == truth.exposed_nccl_per_step_ns[0]
     busy = sum(d - i for d, i in zip(t["duration_ns"], t["idle_ns"], strict=True))
     assert busy == truth.devices[0].busy_ns  # the windows tile the device's busy time
+
+
+def test_state_segments_are_shared_with_overlap_and_not_kept_after_analyze(monkeypatch):
+    """Steps and overlap need the same state sweep: it runs once, and nothing holds it once
+    `analyze` is done (also when overlap, which takes it over, did not run)."""
+    from nsysan.api import analyze
+
+    nvtx = [R(10 * k, 10 * k + 10, f"step {k}") for k in range(3)]
+    ops = [K(10 * k + 5, 10 * k + 8, api_s=(10 * k + 1) * MS) for k in range(3)]
+    calls = []
+    sweep = steps._state_segments
+    monkeypatch.setattr(steps, "_state_segments", lambda *a: calls.append(1) or sweep(*a))
+    for passes, sweeps in ((["steps", "overlap"], 1), (["steps"], 1)):
+        calls.clear()
+        trace = build(ops, nvtx=nvtx)
+        analyze(trace, passes=passes, findings=False)
+        assert len(calls) == sweeps, passes
+        assert trace not in steps._SEGMENTS
