@@ -19,6 +19,7 @@ from nsysan.errors import ConfigError
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
+from nsysan.passes.schedule import pass_workers, run_passes
 
 #: the event frames an analysis reads, in the order the passes first need them
 EVENT_FRAMES = ("gpu_ops", "nvtx", "cuda_api", "sync", "osrt", "overhead")
@@ -139,11 +140,8 @@ def analyze(
         # Imported while the frames load (the first pass waits for them anyway), not after
         # the passes: the import is ~0.05 s, a tenth of a small analysis.
         _findings_module()
-    results: dict[str, PassResult] = {}
-    for spec in specs:
-        t = time.perf_counter()
-        results[spec.name] = spec.run(trace, params[spec.name], results)
-        timings[spec.name] = time.perf_counter() - t
+    results, pass_timings = run_passes(specs, trace, params, pass_workers(trace))
+    timings.update(pass_timings)
     from nsysan.passes.steps import forget_segments
 
     forget_segments(trace)  # shared by steps and overlap only; held while the passes run
