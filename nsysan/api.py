@@ -127,6 +127,26 @@ def analyze(
     ``hash_inputs`` (for callers that then `write_outputs`), the input files are hashed for the
     manifest in a background thread while the passes run.
     """
+    result = _run_passes(path_or_trace, passes=passes, settings=settings,
+                         samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                         nsys=nsys, findings=findings, hash_inputs=hash_inputs)
+    if findings:
+        _diagnose_timed(result)
+    return result
+
+
+def _run_passes(
+    path_or_trace: str | os.PathLike[str] | Trace,
+    *,
+    passes: Iterable[str] | None,
+    settings: Mapping[str, str] | None,
+    samples_per_step: float | None,
+    tokens_per_step: float | None,
+    nsys: str | None,
+    findings: bool,
+    hash_inputs: bool,
+) -> AnalysisResult:
+    """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
     specs = registry.resolve(passes)
     params = registry.build_params(specs, settings)
     per_step = (("samples_per_step", samples_per_step), ("tokens_per_step", tokens_per_step))
@@ -145,18 +165,19 @@ def analyze(
     from nsysan.passes.steps import forget_segments
 
     forget_segments(trace)  # shared by steps and overlap only; held while the passes run
-    out = AnalysisResult(
+    return AnalysisResult(
         trace=trace,
         results=results,
         params=params,
         timings_s=timings,
         options={"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step},
     )
-    if findings:
-        t = time.perf_counter()
-        out.diagnosis = _diagnose(out)
-        timings["findings"] = time.perf_counter() - t
-    return out
+
+
+def _diagnose_timed(result: AnalysisResult) -> None:
+    t = time.perf_counter()
+    result.diagnosis = _diagnose(result)
+    result.timings_s["findings"] = time.perf_counter() - t
 
 
 def _findings_module() -> Any:
@@ -182,6 +203,13 @@ def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pa
     Files are written into a temporary sibling directory that is renamed into place at the
     end, so a crash never leaves a directory that looks complete.
     """
+    return _write_outputs(result, out_dir, diagnose=False)
+
+
+def _write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
+                   diagnose: bool) -> Path:
+    """`write_outputs`; with ``diagnose``, the findings are drawn (`_diagnose_timed`) while
+    the Parquet tables are written: they need only the pass results."""
     from nsysan.report.parquet import write_tables
 
     root = Path(out_dir)
@@ -195,17 +223,24 @@ def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Pa
     try:
         schemas = {n: s for r in registry.resolve(result.results) for n, s in r.tables.items()}
 
-        def parquet() -> None:
+        def parquet() -> float:
             t = time.perf_counter()
             write_tables(result.tables, tmp, schemas)
-            result.timings_s["write_parquet"] = time.perf_counter() - t
+            return time.perf_counter() - t
 
-        # Parquet encoding runs in polars without the GIL: it overlaps the pictures and
-        # documents (mostly Python), and the manifest waits for it (it hashes the tables).
+        # Parquet encoding runs in polars without the GIL: it overlaps the findings and the
+        # pictures and documents (mostly Python), and the manifest waits for it (it hashes
+        # the tables). Its time is recorded then, after the findings' (manifest key order).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-parquet") as pool:
             tables_written = pool.submit(parquet)
-            _write_reports(result, tmp, tables_written.result)
-            tables_written.result()  # also when no report was written: raise its error
+
+            def tables_done() -> None:
+                result.timings_s["write_parquet"] = tables_written.result()
+
+            if diagnose:
+                _diagnose_timed(result)
+            _write_reports(result, tmp, tables_done)
+            tables_done()  # also when no report was written: raise its error
         _forget_streams(result.trace)
         if final.exists():
             old = root / f".{result.trace_id}.old-{os.getpid()}"
@@ -242,9 +277,20 @@ def _forget_streams(trace: Trace) -> None:
 def analyze_to_dir(
     path_or_trace: str | os.PathLike[str] | Trace,
     out_dir: str | os.PathLike[str],
+    *,
+    timings_s: Mapping[str, float] | None = None,
     **kwargs: Any,
 ) -> tuple[AnalysisResult, Path]:
-    """`analyze` then `write_outputs`: what ``nsysan analyze TRACE -o OUT`` does per trace."""
+    """`analyze` then `write_outputs`: what ``nsysan analyze TRACE -o OUT`` does per trace.
+
+    The findings are drawn while the Parquet tables are written. ``timings_s`` are times the
+    caller measured before (e.g. ``open`` when the trace was opened in the background); they
+    replace those of the analysis in the manifest. Other keywords are `analyze`'s.
+    """
     kwargs.setdefault("hash_inputs", True)
-    result = analyze(path_or_trace, **kwargs)
-    return result, write_outputs(result, out_dir)
+    findings = kwargs.pop("findings", True)
+    result = _run_passes(path_or_trace, findings=findings, **{
+        "passes": None, "settings": None, "samples_per_step": None, "tokens_per_step": None,
+        "nsys": None, **kwargs})
+    result.timings_s.update(timings_s or {})
+    return result, _write_outputs(result, out_dir, diagnose=findings)

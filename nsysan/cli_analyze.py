@@ -115,7 +115,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     Prints one summary line per trace. Exit status: 0 ok, 1 an input failed, 2 usage,
     3 a finding at or above --fail-on.
     """
-    from nsysan.api import analyze, write_outputs
+    from nsysan.api import analyze_to_dir
     from nsysan.passes import registry
 
     if no_cache:  # read by nsysan.load.cache wherever a trace is opened (batch workers too)
@@ -144,13 +144,11 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     for i, path in enumerate(traces):
         try:
             opened = first.result() if first is not None and i == 0 else None
-            result = analyze(path if opened is None else opened[0], passes=selected,
-                             settings=parsed, samples_per_step=samples_per_step,
-                             tokens_per_step=tokens_per_step,
-                             nsys=str(nsys) if nsys else None, hash_inputs=True)
-            if opened is not None:
-                result.timings_s["open"] = opened[1]
-            target = write_outputs(result, out)
+            result, target = analyze_to_dir(
+                path if opened is None else opened[0], out, passes=selected, settings=parsed,
+                samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                nsys=str(nsys) if nsys else None,
+                timings_s=None if opened is None else {"open": opened[1]})
         except ConfigError:
             raise  # a usage mistake applies to every trace: stop at once
         except NsysanError as exc:
