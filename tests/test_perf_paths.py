@@ -84,7 +84,19 @@ def test_parquet_cache_gives_identical_frames_and_notes(
     for name, df in a.items():
         expect = df.with_columns(pl.lit("other").alias("trace_id")) if "trace_id" in df else df
         assert b[name].equals(expect), name
+        assert b[name].n_chunks() == 1, name
     assert second.meta.notes == first.meta.notes
+
+
+def test_frames_from_the_cache_come_in_one_chunk(tmp_path: Path) -> None:
+    # Parquet reads one chunk per row group; passes on chunked frames ran 12-15% slower.
+    df = pl.DataFrame({"a": range(5000), "s": [f"k{i % 7}" for i in range(5000)]})
+    path = tmp_path / "f.parquet"
+    df.write_parquet(path, row_group_size=1000)
+    read = pl.read_parquet(path)
+    assert read.n_chunks("all") == [5, 5]  # what the cache would otherwise hand the passes
+    got = cache._contiguous(read)
+    assert got.n_chunks("all") == [1, 1] and got.equals(df)
 
 
 def test_cache_is_off_for_small_files_and_on_request(tmp_path: Path,
