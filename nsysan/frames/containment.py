@@ -5,6 +5,7 @@ equal sharing of concurrent busy time. Same conventions as `nsysan.frames.interv
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ import polars as pl
 
 from nsysan.frames.intervals import END, START
 from nsysan.frames.packed_keys import Keys
+from nsysan.frames.sweeps import sort_order
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -60,21 +62,19 @@ def enclosing(
         .collect()
     )
     keys = Keys([q, r], by, ["_s", "_e"])
-    q = q.with_columns(keys.pack(0, "_s").alias("_k")).sort("_k")
+    q_key = keys.pack(0, "_s").to_numpy()
+    order = sort_order(q_key)
+    q_key = q_key[order]
     # Block of the queries starting in [range start, range end]: [lo, hi) in sorted order.
-    lo = q["_k"].search_sorted(keys.pack(1, "_s"), side="left")
-    hi = q["_k"].search_sorted(keys.pack(1, "_e"), side="right")
-    pairs = (
-        r.select(range_id, "_e")
-        .with_columns(lo.alias("_lo"), hi.alias("_hi"))
-        .filter(pl.col("_hi") > pl.col("_lo"))
-        .select(range_id, pl.col("_e").alias("_re"), pl.int_ranges("_lo", "_hi").alias("_qi"))
-        .explode("_qi", empty_as_null=False)  # _lo < _hi: lists are never empty
-    )
-    qi = pairs["_qi"]
+    lo = np.searchsorted(q_key, keys.pack(1, "_s").to_numpy(), side="left")
+    n = np.searchsorted(q_key, keys.pack(1, "_e").to_numpy(), side="right") - lo
+    n = n.clip(0)
+    # Every (range, query of its block) pair: row k of a block is its first row plus k.
+    r_rows = np.repeat(np.arange(len(n)), n)
+    q_rows = order[np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(len(r_rows))]
     return (
-        q.select([pl.col(c).gather(qi) for c in [*by, query_id, "_e"]])
-        .hstack(pairs.select(range_id, "_re"))
+        q.select(pl.col([*by, query_id, "_e"]).gather(q_rows))
+        .hstack(r.select(pl.col(range_id).gather(r_rows), pl.col("_e").gather(r_rows).alias("_re")))
         .filter(pl.col("_e") <= pl.col("_re"))
         .select([*by, query_id, range_id])
         .lazy()
@@ -120,6 +120,9 @@ def tightest(
     still well defined. Returns ``by + [query_id, range_id]``, in no particular order.
     """
     by = list(by)
+    untied = None if by else _untied_shortest(pairs, ranges, query_id, range_id, start, end)
+    if untied is not None:
+        return untied.lazy()
     extra = [depth] if depth else []
     # Rank the ranges once by tightness (a sort of the ranges, not of the larger pair list);
     # per query the tightest range is then the one of minimal rank.
@@ -133,7 +136,8 @@ def tightest(
         .collect()
     )
     rank = _rank_lookup(pairs, ranked[range_id], range_id) if not by else None
-    if rank is not None:
+    best = None if rank is None else _min_rank(pairs.lazy().select(query_id).collect(), rank)
+    if rank is not None and best is None:
         best = (
             pairs.lazy()
             .select(query_id, rank)
@@ -142,7 +146,7 @@ def tightest(
             .agg(pl.col("_rank").min())
             .collect()
         )
-    else:
+    elif best is None:
         best = (
             pairs.lazy()
             .select([*by, query_id, range_id])
@@ -155,6 +159,64 @@ def tightest(
     return best.select(
         [*by, query_id, ranked[range_id].gather(best["_rank"])]
     ).lazy()
+
+
+def _dense_ids(ids: pl.Series) -> np.ndarray | None:
+    """``ids`` as a numpy array when they are non-null, non-negative integers dense enough
+    to index an array (e.g. row indices); else None."""
+    if not ids.dtype.is_integer() or ids.null_count() or ids.is_empty():
+        return None
+    lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
+    return ids.to_numpy() if lo >= 0 and hi < 4 * ids.len() + 1024 else None
+
+
+def _untied_shortest(pairs: pl.LazyFrame | pl.DataFrame, ranges: pl.LazyFrame | pl.DataFrame,
+                     query_id: str, range_id: str, start: str, end: str,
+                     ) -> pl.DataFrame | None:
+    """`tightest` without ``by`` when every query has one shortest range (the usual case:
+    then the later tie-breaks never apply): a minimum length per query by an unbuffered
+    minimum into an array indexed by query id, no sort of the ranges. None when a query has
+    two shortest ranges, or the ids are not dense integers (the general path decides)."""
+    r = ranges.lazy().select(range_id, (pl.col(end) - pl.col(start)).alias("_len")).collect()
+    p = pairs.lazy().select(query_id, range_id).collect()
+    rid, q, pr = _dense_ids(r[range_id]), _dense_ids(p[query_id]), _dense_ids(p[range_id])
+    if rid is None or q is None or pr is None or r["_len"].null_count():
+        return None
+    row_of = np.full(max(int(rid.max()), int(pr.max())) + 1, -1, np.int64)
+    row_of[rid] = np.arange(len(rid))
+    if np.any(row_of[rid] != np.arange(len(rid))):  # a range id held twice
+        return None
+    row = row_of[pr]
+    known = row >= 0  # pairs of unknown ranges: the join drops them
+    q, pr = q[known], pr[known]
+    length = r["_len"].to_numpy()[row[known]]
+    best = np.full(int(q.max(initial=0)) + 1, np.iinfo(np.int64).max)
+    np.minimum.at(best, q, length)
+    shortest = length == best[q]
+    if np.bincount(q[shortest]).max(initial=0) > 1:
+        return None
+    return pl.DataFrame([pl.Series(query_id, q[shortest]).cast(p.schema[query_id]),
+                         pl.Series(range_id, pr[shortest]).cast(r.schema[range_id])])
+
+
+def _min_rank(queries: pl.DataFrame, rank: pl.Series) -> pl.DataFrame | None:
+    """``query_id, _rank``: the least ``rank`` (>= 0) per query, by an unbuffered minimum into
+    an array indexed by query id, when the ids (the one column of ``queries``) are dense
+    non-negative integers (e.g. row indices); else None. A hash group-by over millions of
+    pairs costs several times this."""
+    ids = queries.to_series()
+    if not ids.dtype.is_integer() or ids.null_count() or ids.is_empty():
+        return None
+    lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
+    if lo < 0 or hi >= 4 * ids.len() + 1024:
+        return None
+    r, q = rank.to_numpy(), ids.to_numpy()
+    known = r >= 0  # pairs of unknown ranges: the join drops them
+    best = np.full(hi + 1, np.iinfo(np.int64).max)
+    np.minimum.at(best, q[known], r[known])
+    found = np.flatnonzero(best < np.iinfo(np.int64).max)
+    return pl.DataFrame([pl.Series(ids.name, found).cast(ids.dtype),
+                         pl.Series("_rank", best[found])])
 
 
 def _rank_lookup(pairs: pl.LazyFrame | pl.DataFrame, ranked: pl.Series, range_id: str,
@@ -199,36 +261,34 @@ def equal_shares(
     frame = df.lazy().collect()
     valid = pl.col(start).is_not_null() & pl.col(end).is_not_null()
     x = frame.select([*by, start, end]).filter(valid)
-    # Group and time packed into one Int64 key: one single-key sort of the +1/-1 events gives
-    # every group's breakpoints in order, and binary searches replace joins on (by, time).
-    keys = Keys([x], by, [start, end])
-    k_start, k_end = keys.pack(0, start), keys.pack(0, end)
-    ones = pl.repeat(1, x.height, dtype=pl.Int64, eager=True)
+    # Group and time packed into one Int64 key, the direction in the low bit: one sort of
+    # the events' values gives every group's breakpoints in order, and binary searches
+    # replace joins on (by, time).
+    keys = Keys([x], by, [start, end], low=2)
+    k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
+    events = np.sort(np.concatenate([k_start << 1 | 1, k_end << 1]))
     # The active count after all events at an instant: the running sum at its last event
     # (deltas sum to zero per group, so the sum restarts at every group by itself).
-    per_t = (
-        pl.DataFrame({"_k": pl.concat([k_start, k_end]), "_d": pl.concat([ones, -ones])})
-        .sort("_k")
-        .select("_k", pl.col("_d").cum_sum().alias("_n"))
-        .filter(pl.col("_k") != pl.col("_k").shift(-1, fill_value=-1))
-        .with_columns(keys.group(pl.col("_k")).alias("_g"), keys.time(pl.col("_k")).alias("_t"))
-    )
+    count = np.cumsum((events & 1) * 2 - 1)
+    key = events >> 1
+    last = np.ones(len(key), bool)
+    last[:-1] = key[1:] != key[:-1]
+    key, count = key[last], count[last]
+    group = key // keys.span
+    t = keys.times(key, group)
     # Weight of the segment [t, next): its length divided by how many intervals are active.
-    same_group_next = pl.col("_g") == pl.col("_g").shift(-1)
-    weight = (
-        pl.when((pl.col("_n") > 0) & same_group_next)
-        .then((pl.col("_t").shift(-1) - pl.col("_t")).cast(pl.Float64) / pl.col("_n"))
-        .otherwise(0.0)
-    )
+    weight = np.zeros(len(key))
+    live = np.flatnonzero((count[:-1] > 0) & (group[:-1] == group[1:]))
+    weight[live] = (t[live + 1] - t[live]).astype(np.float64) / count[live]
     # F(t) relative to the group's first breakpoint keeps the Float64 values small; the sum
-    # restarts per group (a window over the few groups) so every share is summed in the same
-    # order as a per-group sweep would.
-    f = per_t.select(
-        (weight.cum_sum().shift(1, fill_value=0.0).over("_g") if by
-         else weight.cum_sum().shift(1, fill_value=0.0)).alias("_F")
-    )["_F"]
-    at_s = f.gather(per_t["_k"].search_sorted(k_start, side="left"))
-    at_e = f.gather(per_t["_k"].search_sorted(k_end, side="left"))
+    # restarts per group (a loop over the groups, e.g. devices) so every share is summed in
+    # the same order as a per-group sweep would.
+    f = np.zeros(len(key))
+    bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True]) if len(key) else [0]
+    for lo, hi in itertools.pairwise(bounds):
+        f[lo + 1:hi] = np.cumsum(weight[lo:hi - 1])
+    at_s = pl.Series(f[np.searchsorted(key, k_start, side="left")])
+    at_e = pl.Series(f[np.searchsorted(key, k_end, side="left")])
     share = x.select(
         pl.when(pl.col(end) > pl.col(start)).then(at_e - at_s).otherwise(0.0).alias(name)
     )[name]

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
+from nsysan.frames import sweeps
 from nsysan.frames.packed_keys import GROUP, Keys
 
 START = "start_ns"
@@ -48,22 +49,31 @@ def _collect(df: pl.LazyFrame | pl.DataFrame, cols: list[str], keep: pl.Expr) ->
     return df.lazy().select(cols).filter(keep).collect()
 
 
+def packed_blocks(keys: Keys, frame: int, start: str, end: str,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union's blocks of frame ``frame`` of ``keys`` (intervals of positive length): group
+    codes, packed starts and packed ends, sorted (numpy)."""
+    # Starts and ends are sorted separately: two sorts of values (no permutation to carry
+    # along, the cheapest sort there is). The k-th smallest end is never before the k-th
+    # smallest start, and a group has as many ends as starts (its keys all lie between the
+    # keys of the groups before and after it); so every interval that started so far has
+    # ended, and the union has a gap, exactly where the (k+1)-th start lies after the k-th
+    # end. A start exactly at that end touches the block and joins it.
+    s = np.sort(keys.pack(frame, start).to_numpy())
+    e = np.sort(keys.pack(frame, end).to_numpy())
+    first = np.ones(len(s), bool)
+    np.greater(s[1:], e[:-1], out=first[1:])
+    last = np.ones(len(s), bool)
+    last[:-1] = first[1:]
+    bs = s[first]
+    return bs // keys.span, bs, e[last]
+
+
 def _blocks(keys: Keys, frame: int, start: str, end: str) -> pl.DataFrame:
-    """The union's blocks of frame ``frame`` of ``keys`` (intervals of positive length):
-    ``_g`` (group code), packed ``start`` and ``end``, sorted."""
-    # Sort the intervals (not 2x as many start/end events: sorting dominates) and start a new
-    # block where an interval starts after every earlier one of its group has ended; an
-    # interval starting exactly at that reach touches the block and joins it. The running max
-    # of packed ends never carries over from an earlier group: its keys are all smaller.
-    reach = pl.col(end).cum_max()
-    first = (pl.col(start) > reach.shift(1)).fill_null(True)
-    last = first.shift(-1, fill_value=True)
-    return (
-        pl.DataFrame([keys.pack(frame, start), keys.pack(frame, end)])
-        .sort(start)
-        .select(pl.col(start).filter(first), reach.filter(last).alias(end))
-        .select(keys.group(pl.col(start)).alias(GROUP), start, end)
-    )
+    """`packed_blocks` as a frame: ``_g`` (group code), packed ``start`` and ``end``."""
+    g, bs, be = packed_blocks(keys, frame, start, end)
+    return pl.DataFrame({GROUP: g, start: bs, end: be},
+                        schema={GROUP: pl.Int64, start: pl.Int64, end: pl.Int64})
 
 
 def _union_blocks(df: pl.LazyFrame | pl.DataFrame, by: list[str], start: str, end: str,
@@ -93,12 +103,19 @@ def union(
 def total(df: pl.LazyFrame | pl.DataFrame, by: Sequence[str] = (),
           start: str = START, end: str = END, name: str = "busy_ns") -> pl.LazyFrame:
     """Length of the union per group (``by + [name]``)."""
-    keys, blocks = _union_blocks(df, list(by), start, end)
-    length = (pl.col(end) - pl.col(start)).sum().alias(name)
+    by = list(by)
+    x = _collect(df, [*by, start, end], pl.col(end) > pl.col(start))
+    keys = Keys([x], by, [start, end])
+    g, bs, be = packed_blocks(keys, 0, start, end)
+    length = keys.lengths(bs, be)
     if not by:
-        return blocks.lazy().select(length)
-    # Group codes are ordered like the groups: sorting by code gives the groups in order.
-    return keys.attach_by(blocks.group_by(GROUP).agg(length).sort(GROUP)).lazy()
+        return pl.LazyFrame({name: [int(length.sum())]}, schema={name: pl.Int64})
+    # Blocks come sorted by group code, which is ordered like the groups: the sums of the
+    # runs of equal codes are the groups' sums, in order.
+    firsts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else g
+    sums = np.add.reduceat(length, firsts) if len(g) else length
+    return keys.attach_by(pl.DataFrame({GROUP: g[firsts], name: sums},
+                                       schema={GROUP: pl.Int64, name: pl.Int64})).lazy()
 
 
 def complement(
@@ -129,27 +146,6 @@ def state_names(classes: Sequence[str], idle: str = "idle") -> dict[int, str]:
     }
 
 
-def _state_at_instants(events: np.ndarray, low: int) -> pl.DataFrame:
-    """``_k`` (packed group and time) and ``_code`` (bit i set: class i active) after all
-    events at every instant, from sorted events ``key * low + 2 * class + is_start``."""
-    bits = events % low
-    cls, delta = bits >> 1, (bits & 1) * 2 - 1
-    # A class's state changes where its count of active intervals goes 0 -> 1 or 1 -> 0. The
-    # count is a running sum over that class's events only (deltas sum to zero per group, so
-    # it restarts at every group by itself); the code is then one running sum of +-2^class at
-    # those toggles. That is one pass over the events, not one per class.
-    toggles = np.zeros(len(events), np.int64)
-    for i in range(low // 2):  # per class, not per event
-        idx = np.flatnonzero(cls == i)
-        d = delta[idx]
-        on_off = np.cumsum(d) == (d + 1) // 2  # count 1 after a start, 0 after an end
-        toggles[idx[on_off]] = d[on_off] << i
-    key = events // low
-    last = np.ones(len(events), bool)  # last event of its instant
-    last[:-1] = key[1:] != key[:-1]
-    return pl.DataFrame({"_k": key[last], "_code": np.cumsum(toggles)[last]})
-
-
 def state_code_segments(
     df: pl.LazyFrame | pl.DataFrame,
     classes: Sequence[str],
@@ -173,33 +169,30 @@ def state_code_segments(
         .collect()
     )
     # One event per interval start and end, packed into a single Int64 with the class index
-    # and the direction in the low bits (2 per class): a one-column sort is the cheapest.
-    low = 2 * max(len(classes), 1)
-    keys = Keys([x], by, [start, end], low=low)
-    cls = x["_c"]
-    events = pl.concat([keys.pack(0, start) * low + 2 * cls + 1,
-                        keys.pack(0, end) * low + 2 * cls]).sort().to_numpy()
-    at = _state_at_instants(events, low)
+    # and the direction in the low bits (2 per class, rounded up to a power of two so that
+    # shifts and masks unpack them): a one-column sort is the cheapest.
+    shift = max(2 * len(classes) - 1, 1).bit_length()
+    keys = Keys([x], by, [start, end], low=1 << shift)
+    cls = x["_c"].to_numpy()
+    events = np.concatenate([(keys.pack(0, start).to_numpy() << shift) + 2 * cls + 1,
+                             (keys.pack(0, end).to_numpy() << shift) + 2 * cls])
+    events.sort()
+    key, code = sweeps.state_instants(events, shift, len(classes))
     # Segments are maximal runs of one state: keep the instants where the state changes. A
     # group's first instant has something active and its last nothing, so group boundaries are
     # changes too; the last instant of a group only closes the segment before it.
-    g = keys.group(pl.col("_k"))
-    segs = (
-        at.lazy()
-        .filter(pl.col("_code") != pl.col("_code").shift(1, fill_value=-1))
-        .select(
-            g.alias(GROUP), "_k", pl.col("_k").shift(-1).alias("_next"),
-            pl.col("_code").alias("state_code"), (g != g.shift(-1, fill_value=-1)).alias("_last"),
-        )
-        .filter(~pl.col("_last"))  # now the next instant is always of the same group
-        .select(
-            GROUP,
-            keys.time(pl.col("_k"), pl.col(GROUP)).alias(start),
-            keys.time(pl.col("_next"), pl.col(GROUP)).alias(end),
-            "state_code",
-        )
-        .collect()
-    )
+    change = np.ones(len(code), bool)
+    change[1:] = code[1:] != code[:-1]
+    key, code = key[change], code[change]
+    group = key // keys.span
+    opens = np.flatnonzero(group[:-1] == group[1:])  # the next instant is of the same group
+    g = group[opens]
+    segs = pl.DataFrame({
+        GROUP: g,
+        start: pl.Series(keys.times(key[opens], g), dtype=keys.dtype),
+        end: pl.Series(keys.times(key[opens + 1], g), dtype=keys.dtype),
+        "state_code": code[opens],
+    }, schema={GROUP: pl.Int64, start: keys.dtype, end: keys.dtype, "state_code": pl.Int64})
     return keys.attach_by(segs).lazy()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import polars as pl
 
 #: packed keys (times ``low`` plus low bits) stay below this, leaving headroom for +1 / sums
@@ -41,7 +42,8 @@ def _column_codes(col: pl.Series) -> tuple[pl.Series, int, int | None]:
             return pl.zeros(col.len(), pl.Int64, eager=True), 1, 0
         n = int(hi) - int(lo) + 2  # type: ignore[arg-type]
         if n < LIMIT and int(hi) < 1 << 63:  # type: ignore[arg-type]
-            return (col.cast(pl.Int64) - lo + 1).fill_null(0), n, int(lo)  # type: ignore[arg-type,operator]
+            code = col.cast(pl.Int64) - (int(lo) - 1)  # type: ignore[arg-type]
+            return (code.fill_null(0) if col.null_count() else code), n, int(lo)  # type: ignore[arg-type]
     ranked = col.rank("dense").cast(pl.Int64).fill_null(0)
     return ranked, int(ranked.max() or 0) + 1, None  # type: ignore[arg-type]
 
@@ -107,6 +109,11 @@ class Keys:
             self._codes.append(code.slice(offset, size))
             offset += size
 
+    @property
+    def dtype(self) -> pl.DataType:
+        """The dtype of the time columns (what `time` gives back)."""
+        return self._dtype
+
     def group_code(self, frame: int) -> pl.Series:
         """The group code of every row of frame ``frame``."""
         return self._codes[frame]
@@ -138,6 +145,18 @@ class Keys:
         if self._uniq is None:  # offsets: packed differences are time differences
             return end - start
         return self.time(end).cast(pl.Int64) - self.time(start).cast(pl.Int64)
+
+    def times(self, key: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """`time` of a numpy array of packed keys whose group codes are ``group`` (Int64)."""
+        off = key if self._one_group else key - group * self.span
+        return off + self._tmin if self._uniq is None else self._uniq.to_numpy()[off]
+
+    def lengths(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """`length` of numpy arrays of packed keys (pairs of the same group)."""
+        if self._uniq is None:
+            return end - start
+        times = self._uniq.to_numpy()
+        return times[end % self.span] - times[start % self.span]
 
     def _gather(self, off: pl.Series) -> pl.Series:
         assert self._uniq is not None

@@ -1,0 +1,212 @@
+"""Sweeps over packed event keys in numpy: concurrency levels and window sums.
+
+Same conventions as `nsysan.frames.intervals` (half-open Int64 ns intervals, ``by`` grouping
+columns packed with `packed_keys.Keys`). These run on plain int64 arrays: at a few million
+events a chain of polars expressions (each a pass with its own allocation, plus planning)
+costs several times the same arithmetic in numpy, and the algorithms here are sorts, binary
+searches and running sums that numpy does directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from nsysan.frames.packed_keys import GROUP, Keys, group_agg
+
+START = "start_ns"
+END = "end_ns"
+
+
+def dense_codes(codes: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Dense 0-based index (same order) of every value of a non-null Int64 ``codes`` and the
+    distinct values, sorted. A hash ``unique`` and a binary search into the few distinct
+    values: cheaper than a rank, which sorts every row."""
+    uniq = np.sort(codes.unique().to_numpy())
+    return np.searchsorted(uniq, codes.to_numpy()), uniq
+
+
+def group_lengths(df: pl.DataFrame, by: Sequence[str], value: str, name: str,
+                  start: str = START, end: str = END) -> pl.DataFrame:
+    """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
+    positive totals, in no particular order (``value``: a non-null integer column taking few
+    distinct values, such as a state code)."""
+    keys = Keys([df], by, [])
+    group, uniq = dense_codes(keys.group_code(0))
+    length = df.select(pl.col(end) - pl.col(start)).to_series().to_numpy()
+    g, values, sums = _pair_sums(group, len(uniq), df[value].to_numpy(), length)
+    return keys.attach_by(pl.DataFrame({
+        GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
+    }))
+
+
+def sort_order(keys: np.ndarray) -> np.ndarray:
+    """Stable argsort of non-negative Int64 ``keys``. numpy sorts plain values several times
+    faster than it argsorts them, so when the range allows, the row number rides along in
+    the low bits of the values and comes back out of the sorted values."""
+    n = len(keys)
+    bits = max(n - 1, 1).bit_length()
+    if n and int(keys.max()) < 1 << (62 - bits):
+        return np.sort(keys << bits | np.arange(n)) & ((1 << bits) - 1)
+    return np.argsort(keys, kind="stable")
+
+
+def stable_order(index: np.ndarray, n: int) -> np.ndarray:
+    """Stable argsort of a non-negative ``index`` below ``n``: numpy radix-sorts 16-bit keys
+    (one linear pass), where a 64-bit key would take a comparison sort."""
+    if n <= 1 << 16:
+        return np.argsort(index.astype(np.uint16), kind="stable")
+    return np.argsort(index, kind="stable")
+
+
+def state_instants(events: np.ndarray, shift: int, n_classes: int,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Packed key and state code (bit i set: class i active) after all events at every
+    instant, from sorted events ``key << shift | 2 * class + is_start``."""
+    low = events & ((1 << shift) - 1)
+    cls, delta = (low >> 1).astype(np.uint8), (low & 1) * 2 - 1
+    # A class's state changes where its count of active intervals goes 0 -> 1 or 1 -> 0. The
+    # count is a running sum over that class's events only (deltas sum to zero per group, so
+    # it restarts at every group by itself); the code is then one running sum of +-2^class at
+    # those toggles. That is one pass over the events, not one per class.
+    toggles = np.zeros(len(events), np.int64)
+    for i in range(n_classes):  # per class, not per event
+        idx = np.flatnonzero(cls == i)
+        d = delta[idx]
+        on_off = np.cumsum(d) == (d + 1) // 2  # count 1 after a start, 0 after an end
+        toggles[idx[on_off]] = d[on_off] << i
+    key = events >> shift
+    last = np.ones(len(events), bool)  # last event of its instant
+    last[:-1] = key[1:] != key[:-1]
+    return key[last], np.cumsum(toggles)[last]
+
+
+def member_concurrency(
+    df: pl.DataFrame,
+    by: Sequence[str],
+    members: Sequence[str],
+    max_name: str,
+    mean_name: str,
+    start: str = START,
+    end: str = END,
+) -> pl.DataFrame:
+    """Per ``by`` group, how many distinct members (rows with equal ``members`` columns, e.g.
+    streams) have an interval active: the maximum and the time-weighted mean over the time
+    when at least one is (``by + [max_name (Int64), mean_name (Float64)]``; groups with no
+    interval of positive length are absent). Intervals of one member may overlap or touch.
+
+    How: one sort of all start/end events by (group, time) with the member in the low bits;
+    a stable radix sort by member then gives every member's events in time order, whose
+    running count (deltas sum to zero per member, so one global running sum restarts at
+    every member by itself) turns the member on (0 -> 1) or off (1 -> 0); back in time
+    order, the running sum of those toggles is the number of active members. That is the
+    union per member and a sweep of the unions, without sorting twice.
+    """
+    by, members = list(by), list(members)
+    x = df.select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
+    member, uniq = dense_codes(Keys([x], [*by, *members], []).group_code(0))
+    n_members = len(uniq)
+    bits = max(n_members - 1, 1).bit_length()  # the member in the low bits: shifts, no division
+    keys = Keys([x], by, [start, end], low=2 << bits)
+    # (key, is_start, member): ends sort before starts at an instant; the level is read after
+    # the instant's last event, so that order only has to be the same for every member.
+    events = np.concatenate([
+        ((keys.pack(0, start).to_numpy() << 1 | 1) << bits) | member,
+        (keys.pack(0, end).to_numpy() << (1 + bits)) | member,
+    ])
+    events.sort()
+    is_start = (events >> bits) & 1
+    order = stable_order(events & ((1 << bits) - 1), n_members)
+    d = is_start[order] * 2 - 1
+    toggles = np.empty_like(d)
+    toggles[order] = np.where(np.cumsum(d) == is_start[order], d, 0)  # 0 -> 1 or 1 -> 0
+    level = np.cumsum(toggles)
+    key = events >> (1 + bits)
+    last = np.ones(len(key), bool)  # last event of its instant
+    last[:-1] = key[1:] != key[:-1]
+    key, level = key[last], level[last]
+    group = key // keys.span
+    # Segment [instant, next instant) of the same group, with something active.
+    keep = (group[:-1] == group[1:]) & (level[:-1] > 0)
+    n, g = level[:-1][keep], group[:-1][keep]
+    length = keys.lengths(key[:-1][keep], key[1:][keep])
+    firsts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, np.int64)
+    out = pl.DataFrame({
+        GROUP: g[firsts],
+        max_name: np.maximum.reduceat(n, firsts) if len(g) else n,
+        # Integer sums, then one division: exactly what a group-by of n * length would give.
+        mean_name: (np.add.reduceat(n * length, firsts) / np.add.reduceat(length, firsts)
+                    if len(g) else np.zeros(0)),
+    }, schema={GROUP: pl.Int64, max_name: pl.Int64, mean_name: pl.Float64})
+    return keys.attach_by(out)
+
+
+def window_sums(
+    segments: pl.DataFrame,
+    windows: pl.DataFrame,
+    by: Sequence[str],
+    window_col: str,
+    value: str,
+    name: str,
+    start: str = START,
+    end: str = END,
+) -> pl.DataFrame:
+    """Total length per (``by``, window, ``value``) of the pieces of ``segments`` inside the
+    windows of their group: ``by + [window_col, value, name]``, only positive totals, in no
+    particular order. Like `intervals.overlay` then a group-by, without building the pieces:
+    segments and windows are each *disjoint* within a group; ``value`` is a non-null integer
+    column of ``segments``, ``window_col`` identifies a window within its group.
+    """
+    by = list(by)
+    seg = segments.select([*by, start, end, value]).filter(pl.col(end) > pl.col(start))
+    win = windows.select([*by, window_col, start, end]).filter(pl.col(end) > pl.col(start))
+    keys = Keys([seg, win], by, [start, end])
+    ss, se = (keys.pack(0, c).to_numpy() for c in (start, end))
+    ws, we = (keys.pack(1, c).to_numpy() for c in (start, end))
+    w_order = np.argsort(ws, kind="stable")
+    ws, we = ws[w_order], we[w_order]
+    # Segments usually come sorted (from state_code_segments): checking is cheaper than sorting.
+    s_order = None if np.all(ss[1:] >= ss[:-1]) else np.argsort(ss, kind="stable")
+    if s_order is not None:
+        ss, se = ss[s_order], se[s_order]
+    # Both sets are disjoint, so every piece starts either where its segment starts (in the
+    # window holding that start) or where its window starts (in the segment holding it, which
+    # began earlier). Keys of different groups never meet: a window holds only its group's.
+    # Window of every segment start, linearly: both sides are sorted, so the count of window
+    # starts at or before each segment start is a running sum of the windows' insertion points.
+    s_of_w = np.searchsorted(ss, ws, side="left") - 1
+    w_of_s = np.cumsum(np.bincount(s_of_w + 1, minlength=len(ss) + 1)[:len(ss)]) - 1
+    wi, si = w_of_s.clip(0), s_of_w.clip(0)
+    from_seg = (w_of_s >= 0) & (ss < we[wi]) if len(ws) else np.zeros(len(ss), bool)
+    from_win = (s_of_w >= 0) & (ws < se[si]) if len(ss) else np.zeros(len(ws), bool)
+    s_rows = np.concatenate([np.flatnonzero(from_seg), si[from_win]])
+    w_rows = np.concatenate([wi[from_seg], np.flatnonzero(from_win)])
+    lo = np.concatenate([ss[from_seg], ws[from_win]])
+    hi = np.minimum(se[s_rows], we[w_rows])
+    seg_rows = s_rows if s_order is None else s_order[s_rows]
+    w_ids, values, sums = _pair_sums(w_order[w_rows], len(win),
+                                     seg[value].to_numpy()[seg_rows], keys.lengths(lo, hi))
+    return (
+        win.select([pl.col(c).gather(w_ids) for c in [*by, window_col]])
+        .with_columns(pl.Series(value, values, seg.schema[value]), pl.Series(name, sums))
+    )
+
+
+def _pair_sums(first: np.ndarray, n_first: int, second: np.ndarray, weights: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sum of positive ``weights`` per distinct (``first``, ``second``) pair, ``first`` in
+    ``[0, n_first)``: the pairs with a sum (positive) and the sums, in no particular order."""
+    lo = int(second.min()) if len(second) else 0
+    n_second = int(second.max()) - lo + 1 if len(second) else 1
+    if n_first * n_second <= 8 * len(weights) + 4096:
+        # Few distinct pairs (windows x states): an unbuffered add into a dense table is
+        # exact integer arithmetic and several times faster than a hash group-by.
+        table = np.zeros(n_first * n_second, np.int64)
+        np.add.at(table, first * n_second + (second - lo), weights)
+        cell = np.flatnonzero(table)
+        return cell // n_second, cell % n_second + lo, table[cell]
+    pieces = pl.DataFrame({"_f": first, "_s": second, "_w": weights})
+    sums = group_agg(pieces, ["_f"], "_s", [pl.col("_w").sum()])
+    return sums["_f"].to_numpy(), sums["_s"].to_numpy(), sums["_w"].to_numpy()

@@ -1,0 +1,144 @@
+"""`nsysan.frames.sweeps` against brute force (per-nanosecond oracles) and against the polars
+operations they replace, on both packing paths of `packed_keys.Keys` (time offsets, and the
+dense-rank fallback that huge time ranges take)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsysan.frames import containment as cn
+from nsysan.frames import intervals as iv
+from nsysan.frames import sweeps
+
+HUGE = 1 << 60  # times this far apart force the dense-rank packing of times
+
+rows_st = st.lists(
+    st.tuples(st.sampled_from([0, 1, None]), st.integers(0, 2), st.integers(0, 30),
+              st.integers(-2, 8)),
+    max_size=14,
+)
+
+
+def _frame(rows, scale: int = 1) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"device_id": [d for d, _, _, _ in rows], "stream_id": [m for _, m, _, _ in rows],
+         "start_ns": [s * scale for _, _, s, _ in rows],
+         "end_ns": [(s + n) * scale for _, _, s, n in rows]},
+        schema={"device_id": pl.Int64, "stream_id": pl.Int64, "start_ns": pl.Int64,
+                "end_ns": pl.Int64},
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows_st, st.sampled_from([1, 1 << 57]))
+def test_member_concurrency_equals_brute_force(rows, scale):
+    got = sweeps.member_concurrency(_frame(rows, scale), ["device_id"], ["stream_id"],
+                                    "mx", "mean")
+    want = {}
+    for dev in (0, 1, None):
+        live = [(s, s + n, m) for d, m, s, n in rows if d == dev and n > 0]
+        levels = [len({m for s, e, m in live if s <= t < e})
+                  for t in range(0, 40)]
+        busy = [k for k in levels if k > 0]
+        if busy:
+            want[dev] = (max(busy), sum(busy) / len(busy))
+    have = {d: (mx, mean) for d, mx, mean in got.select("device_id", "mx", "mean").rows()}
+    assert have.keys() == want.keys()
+    for dev, (mx, mean) in want.items():
+        assert have[dev][0] == mx
+        assert abs(have[dev][1] - mean) < 1e-9
+    assert got.schema["mx"] == pl.Int64 and got.schema["mean"] == pl.Float64
+
+
+def _disjoint(draw_rows) -> pl.DataFrame:
+    """Disjoint segments per device (cut from sorted breakpoints) with a small state value."""
+    out = []
+    for dev, cuts in draw_rows:
+        pts = sorted(set(cuts))
+        out += [(dev, a, b, (a * 7 + b) % 4) for a, b in itertools.pairwise(pts)]
+    return pl.DataFrame(out, schema={"device_id": pl.Int64, "start_ns": pl.Int64,
+                                     "end_ns": pl.Int64, "state_code": pl.Int64}, orient="row")
+
+
+cuts_st = st.lists(st.tuples(st.sampled_from([0, 1]), st.lists(st.integers(0, 40), max_size=8)),
+                   max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cuts_st, cuts_st)
+def test_window_sums_equal_overlay_then_group_by(seg_cuts, win_cuts):
+    segs = _disjoint(seg_cuts)
+    wins = _disjoint(win_cuts).with_row_index("w").select(
+        "device_id", pl.col("w").cast(pl.Int64), "start_ns", "end_ns")
+    got = sweeps.window_sums(segs, wins, ["device_id"], "w", "state_code", "d")
+    pieces = iv.overlay(segs, wins, by=["device_id"], window_cols=["w"]).collect()
+    want = (pieces.group_by("device_id", "w", "state_code")
+            .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("d")))
+    key = ["device_id", "w", "state_code"]
+    assert got.sort(key).equals(want.sort(key).select(got.columns))
+
+
+def test_window_sums_on_the_dense_time_path():
+    segs = pl.DataFrame({"device_id": [0, 0], "start_ns": [0, HUGE], "end_ns": [HUGE, 2 * HUGE],
+                         "state_code": [1, 2]})
+    wins = pl.DataFrame({"device_id": [0], "w": [5], "start_ns": [HUGE // 2],
+                         "end_ns": [HUGE + 3]})
+    got = sweeps.window_sums(segs, wins, ["device_id"], "w", "state_code", "d").sort("state_code")
+    assert got["d"].to_list() == [HUGE - HUGE // 2, 3]
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts_st)
+def test_group_lengths_equal_a_group_by(cuts):
+    segs = _disjoint(cuts)
+    got = sweeps.group_lengths(segs, ["device_id"], "state_code", "d")
+    want = (segs.group_by("device_id", "state_code")
+            .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("d")))
+    key = ["device_id", "state_code"]
+    assert got.sort(key).equals(want.sort(key).select(got.columns))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=30), st.sampled_from([1, 1 << 56]))
+def test_sort_order_is_a_stable_argsort(keys, scale):
+    k = np.array(keys, np.int64) * scale
+    assert np.array_equal(sweeps.sort_order(k), np.argsort(k, kind="stable"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows_st, st.sampled_from([1, 1 << 57]))
+def test_total_and_union_equal_brute_force(rows, scale):
+    df = _frame(rows, scale)
+    tot = iv.total(df, by=["device_id"]).collect()
+    uni = iv.union(df, by=["device_id"]).collect()
+    for dev in (0, 1, None):
+        cover = {t for d, _, s, n in rows if d == dev for t in range(s, s + n)}
+        row = tot.filter(pl.col("device_id").eq_missing(dev))
+        assert (row["busy_ns"].item() if row.height else 0) == len(cover) * scale
+        blocks = uni.filter(pl.col("device_id").eq_missing(dev))
+        assert sum((e - s) for s, e in blocks.select("start_ns", "end_ns").rows()) == (
+            len(cover) * scale)
+    everything = {t for _, _, s, n in rows for t in range(s, s + n)}
+    assert iv.total(df).collect()["busy_ns"].item() == len(everything) * scale
+
+
+def test_tightest_with_sparse_query_ids_equals_dense_ids():
+    ranges = pl.DataFrame({"range_id": [0, 1, 2], "start_ns": [0, 2, 3], "end_ns": [10, 8, 5]})
+    pairs = pl.DataFrame({"query_id": [4, 4, 4, 7, 7], "range_id": [0, 1, 2, 0, 1]})
+    dense = cn.tightest(pairs, ranges).collect().sort("query_id")
+    sparse = cn.tightest(pairs.with_columns(pl.col("query_id") * 10**9), ranges).collect()
+    assert dense["range_id"].to_list() == [2, 1]
+    assert sparse.sort("query_id")["range_id"].to_list() == [2, 1]
+
+
+def test_tightest_ties_on_length_fall_back_to_the_full_order():
+    ranges = pl.DataFrame({"range_id": [0, 1, 2, 3], "start_ns": [0, 2, 20, 20],
+                           "end_ns": [10, 12, 30, 30], "depth": [0, 0, 1, 0]})
+    pairs = pl.DataFrame({"query_id": [0, 0, 1, 1], "range_id": [0, 1, 2, 3]})
+    got = cn.tightest(pairs, ranges, depth="depth").collect().sort("query_id")
+    assert got["range_id"].to_list() == [1, 2]  # later start; then greater depth
