@@ -28,7 +28,9 @@ from nsysan.findings.params import FindingParams
 from nsysan.frames import intervals
 from nsysan.frames.packed_keys import Keys
 from nsysan.frames.trace import Trace
+from nsysan.passes import op_link
 from nsysan.passes.base import PassResult
+from nsysan.passes.distinct import distinct
 from nsysan.passes.op_keys import OP_KEY, join_on_op
 
 #: Which pass writes which table (for "not evaluated" reasons).
@@ -203,9 +205,8 @@ class Context:
         of every process using the device, and pageable / synchronous copies to/from it."""
         ops = self.trace.frame("gpu_ops")
         api = self.trace.frame("cuda_api")
-        # the (pid, device) pairs: grouping by one column is cheaper than `unique` on two
-        pid_dev = (ops.lazy().group_by("pid").agg(pl.col("device_id").unique())
-                   .explode("device_id", empty_as_null=True))
+        # the (pid, device) pairs, made distinct on one packed column
+        pid_dev = distinct(ops.select("pid", "device_id")).lazy()
         syncs = (api.lazy().filter(pl.col("api_class") == "sync")
                  .select(["pid", "start_ns", "end_ns"]).join(pid_dev, on="pid"))
         copies = (self.bad_copies.lazy().filter(pl.col("api_start").is_not_null())
@@ -262,24 +263,37 @@ class Context:
 
         launch: had the host submitted the op(s) that end the gap when the GPU went idle? A
         launch call submits the work by the time it returns, so the GPU waited for the host
-        when the earliest of those calls returned after the gap had started. Both equi-joins
-        run on one packed Int64 key each ((device, time) and the op key (process, correlation
-        id)): on 1M-kernel traces two-column joins cost several times more."""
+        when the earliest of those calls returned after the gap had started. The ops are
+        matched to the gap ends on one packed Int64 (device, time) key (two-column joins cost
+        several times more on 1M-kernel traces) and to their calls through `op_link` (else a
+        join on the packed op key)."""
         ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
-        ops = (self.trace.frame("gpu_ops")
-               .select(["device_id", "start_ns", "global_pid", "correlation_id"])
-               .drop_nulls())  # an equi-join never matches nulls
+        rows = op_link.api_rows(self.trace)
+        api = self.trace.frame("cuda_api")
+        ops = self.trace.frame("gpu_ops")
+        # Only ops starting at some gap's end can match: an Int64 set test cuts the million
+        # ops down before any key is packed or any call is looked up.
+        at_end = pl.col("start_ns").is_in(ends["start_ns"].implode())
+        if rows is not None:  # every op's call is known (`op_link`): gather its return
+            ops = (ops.select(["device_id", "start_ns"]).with_columns(pl.Series("_row", rows))
+                   .filter(at_end & (pl.col("_row") >= 0)).drop_nulls())
+            ops = ops.with_columns(op_link.gather(api["end_ns"], ops["_row"]).alias("_api_end"))
+        else:
+            ops = (ops.select(["device_id", "start_ns", "global_pid", "correlation_id"])
+                   .filter(at_end).drop_nulls())  # an equi-join never matches nulls
         at = Keys([ops, ends], ["device_id"], ["start_ns"])
         end_key = at.pack(1, "start_ns").alias("_at")
         ops = (ops.with_columns(at.pack(0, "start_ns").alias("_at"))
                .join(end_key.to_frame(), on="_at", how="semi"))  # only ops that end a gap
-        api = self.trace.frame("cuda_api")
-        first_return = (
-            join_on_op(ops.lazy().select(["_at", *OP_KEY]),
-                       api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
-                       [ops, api])
-            .group_by("_at").agg(pl.col("_api_end").min()).collect()
-        )
+        if rows is not None:
+            first_return = ops.group_by("_at").agg(pl.col("_api_end").min())
+        else:
+            first_return = (
+                join_on_op(ops.lazy().select(["_at", *OP_KEY]),
+                           api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
+                           [ops, api])
+                .group_by("_at").agg(pl.col("_api_end").min()).collect()
+            )
         # a gap with a null device gets group code 0, which no (non-null) op has: no match
         return (end_key.to_frame().join(first_return, on="_at", how="left",
                                         maintain_order="left")["_api_end"])
@@ -324,14 +338,31 @@ class Context:
         p = self.params
         ops = self.trace.frame("gpu_ops")
         api = self.trace.frame("cuda_api")
-        # lazy, so that only the needed columns of the copies and calls are gathered
-        copies = ops.lazy().filter(pl.col("kind") == "memcpy").select(
-            ["device_id", "start_ns", "end_ns", "global_pid", "correlation_id", "copy_kind",
-             "src_kind", "dst_kind", "bytes"])
-        calls = api.lazy().filter(pl.col("api_class") == "memcpy").select(
-            ["global_pid", "correlation_id", pl.col("name").alias("api_name"),
-             pl.col("start_ns").alias("api_start"), pl.col("end_ns").alias("api_end")])
-        j = copies.join(calls, on=["global_pid", "correlation_id"], how="left")
+        cols = ["device_id", "start_ns", "end_ns", "global_pid", "correlation_id", "copy_kind",
+                "src_kind", "dst_kind", "bytes"]
+        is_copy = pl.col("kind") == "memcpy"
+        rows = op_link.api_rows(self.trace)
+        if rows is not None:
+            # Every op's call is known (`op_link`): the copies' memcpy calls are a gather,
+            # not a join of every copy with every memcpy call (the left join's result).
+            # (the copies are few: gathered by row number, not a filter of every column)
+            at = ops.select(pl.arg_where(is_copy)).to_series()
+            copies = ops.select(cols)[at].with_columns(pl.Series("_row", rows[at.to_numpy()]))
+            call = copies.select(pl.when(op_link.gather(api["api_class"], copies["_row"])
+                                         == "memcpy").then(pl.col("_row")).otherwise(-1))
+            call = call.to_series()
+            j = copies.select(cols).with_columns(
+                op_link.gather(api["name"], call).alias("api_name"),
+                op_link.gather(api["start_ns"], call).alias("api_start"),
+                op_link.gather(api["end_ns"], call).alias("api_end"),
+            ).lazy()
+        else:
+            # lazy, so that only the needed columns of the copies and calls are gathered
+            copies_lf = ops.lazy().filter(is_copy).select(cols)
+            calls = api.lazy().filter(pl.col("api_class") == "memcpy").select(
+                ["global_pid", "correlation_id", pl.col("name").alias("api_name"),
+                 pl.col("start_ns").alias("api_start"), pl.col("end_ns").alias("api_end")])
+            j = copies_lf.join(calls, on=["global_pid", "correlation_id"], how="left")
         is_async = pl.col("api_name").str.contains("(?i)async")
         pageable = ((pl.col("src_kind") == "pageable")
                     | (pl.col("dst_kind") == "pageable")).fill_null(False)

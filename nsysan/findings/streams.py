@@ -1,12 +1,10 @@
 """Per-device interval streams that several rules and the report pictures need, computed once
 per trace and shared.
 
-On a 1M-kernel trace one union of all GPU ops costs a few hundred milliseconds; the short-gap
-classification (`Context.short_gaps`) and the timeline pictures (`nsysan.report.plots`) both
-need the same union of busy time, and the exposed-copy rules need the union of compute
-kernels more than once. They are memoised here per `Trace` (weakly, so a dropped trace frees
-them) and per ``gpu_ops`` frame object (so a frame replaced after the fact is never served a
-stale union).
+The unions themselves live in `nsysan.passes.device_blocks` (one sort of the GPU ops serves
+the gaps pass, the short-gap classification (`Context.short_gaps`), the exposed-copy rules and
+the timeline pictures); this module names the ones the findings use and adds what is built on
+them.
 
 `covered_before` is the numpy half of the coverage arithmetic: with sorted disjoint blocks, the
 covered length before any instant is a prefix sum found by one binary search, which measures
@@ -15,71 +13,33 @@ covered length before any instant is a prefix sum found by one binary search, wh
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-
-import numpy as np
 import polars as pl
 
-from nsysan.frames import intervals
 from nsysan.frames.trace import Trace
+from nsysan.passes import device_blocks, op_link
+from nsysan.passes.device_blocks import covered_before, gaps_between
 
-#: trace -> stream name -> (the gpu_ops frame it was computed from, the stream)
-_MEMO: weakref.WeakKeyDictionary[Trace, dict[str, tuple[pl.DataFrame, pl.DataFrame]]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _memo(trace: Trace, name: str, build: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
-    ops = trace.frame("gpu_ops")
-    slot = _MEMO.setdefault(trace, {})
-    hit = slot.get(name)
-    if hit is not None and hit[0] is ops:
-        return hit[1]
-    out = build(ops)
-    slot[name] = (ops, out)
-    return out
+__all__ = ["busy_blocks", "compute_blocks", "covered_before", "forget", "gaps_between",
+           "uncovered_ns"]
 
 
 def forget(trace: Trace) -> None:
-    """Drop the streams of ``trace`` (up to 48 bytes per GPU op) once its reports are written."""
-    _MEMO.pop(trace, None)
+    """Drop what the passes, rules and pictures of ``trace`` shared (the sorted GPU ops and
+    their unions, the op -> API call links) once its reports are written."""
+    device_blocks.forget(trace)
+    op_link.forget(trace)
 
 
 def busy_blocks(trace: Trace) -> pl.DataFrame:
     """Union of every GPU op with a positive start, per device: ``device_id, start_ns,
-    end_ns``, sorted by device then start (the blocks of `intervals.union`)."""
-    return _memo(trace, "busy", lambda ops: intervals.union(
-        ops.lazy().filter(pl.col("start_ns") > 0), by=["device_id"]).collect())
+    end_ns``, sorted by device then start (the blocks of `intervals.union`; the gaps pass
+    built them already, `device_blocks`)."""
+    return device_blocks.union(trace)
 
 
 def compute_blocks(trace: Trace) -> pl.DataFrame:
     """Union of the compute kernels (``op_class == "compute"``) per device, sorted."""
-    return _memo(trace, "compute", lambda ops: intervals.union(
-        ops.lazy().filter(pl.col("op_class") == "compute"), by=["device_id"]).collect())
-
-
-def gaps_between(blocks: pl.DataFrame) -> pl.DataFrame:
-    """The complement of sorted disjoint ``blocks`` inside each device's span (what
-    `intervals.complement` returns for the intervals the blocks are the union of), without
-    sorting the blocks again."""
-    same = pl.col("device_id").eq_missing(pl.col("device_id").shift(1))
-    return blocks.select(
-        pl.col("device_id").filter(same),
-        pl.col("end_ns").shift(1).filter(same).alias("start_ns"),
-        pl.col("start_ns").filter(same).alias("end_ns"),
-    )
-
-
-def covered_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Length of the sorted disjoint intervals ``[starts, ends)`` that lies before each
-    instant of ``t`` (Int64 ns)."""
-    if starts.size == 0:
-        return np.zeros(t.shape, dtype=np.int64)
-    lengths = ends - starts
-    cum = np.concatenate([[0], np.cumsum(lengths)])
-    idx = np.searchsorted(starts, t, side="right") - 1
-    i = np.clip(idx, 0, None)
-    return np.where(idx >= 0, cum[i] + np.minimum(t - starts[i], lengths[i]), 0)
+    return device_blocks.union(trace, ["compute"], timed=False)
 
 
 def uncovered_ns(blocks: pl.DataFrame, cover: pl.DataFrame) -> int:

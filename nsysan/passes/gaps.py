@@ -59,6 +59,7 @@ from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import device_blocks
 from nsysan.passes import gap_causes as gc
 from nsysan.passes.base import PassResult, PassSpec, Results
 
@@ -127,9 +128,13 @@ def _busy(ops: pl.LazyFrame, overhead: pl.DataFrame, scope: str) -> pl.LazyFrame
 
 
 def _scope_gaps(
-    busy: pl.LazyFrame, scope: str, min_gap_ns: int
+    busy: pl.LazyFrame, scope: str, min_gap_ns: int, blocks: pl.DataFrame | None = None
 ) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """(gaps, per-partition span/busy) of one scope, keyed by ``pid, device_id, stream_id``."""
+    """(gaps, per-partition span/busy) of one scope, keyed by ``pid, device_id, stream_id``.
+
+    ``blocks``, when given, is the union of ``busy`` per partition (sorted): the device scope
+    takes the union that `device_blocks` shares with the nccl pass, the findings and the
+    pictures, instead of sorting the ops for itself."""
     keys = SCOPE_KEYS[scope]
     null_keys = [pl.lit(None, pl.Int64).alias(k) for k in KEY_COLS if k not in keys]
     dur = pl.col("end_ns") - pl.col("start_ns")
@@ -137,7 +142,12 @@ def _scope_gaps(
     keep = dur > min_gap_ns if scope == "process_device" else dur >= min_gap_ns
     # The union of the ops (its sort dominates) runs once, inside the complement: busy time
     # is the span minus every gap, kept or not.
-    every_gap = iv.complement(busy, by=keys).collect()
+    if blocks is None:
+        every_gap = iv.complement(busy, by=keys).collect()
+        spans = busy.filter(pl.col("end_ns") > pl.col("start_ns"))
+    else:
+        every_gap = device_blocks.gaps_between(blocks)
+        spans = blocks.lazy()  # the same first start and last end per partition, fewer rows
     gaps = (
         every_gap.lazy()
         .filter(keep)
@@ -148,8 +158,7 @@ def _scope_gaps(
     # (here, with its gaps) never matches nulls.
     known = pl.all_horizontal(pl.col(k).is_not_null() for k in keys)
     part = (
-        busy.filter(pl.col("end_ns") > pl.col("start_ns"))
-        .group_by(keys)
+        spans.group_by(keys)
         .agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"))
         .join(idle, on=keys, how="left")
         .with_columns(
@@ -237,7 +246,9 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
     overhead = trace.frame("overhead")
     found, parts = [], []
     for scope in dict.fromkeys(params.scopes):
-        g, p = _scope_gaps(_busy(ops, overhead, scope), scope, params.min_gap_ns)
+        # the device scope's busy time is every timed op: the shared union
+        blocks = device_blocks.union(trace) if scope == "device" else None
+        g, p = _scope_gaps(_busy(ops, overhead, scope), scope, params.min_gap_ns, blocks)
         found.append(g.select("scope", *KEY_COLS, "start_ns", "end_ns", "duration_ns"))
         parts.append(p.select("scope", *KEY_COLS, "_s", "_e", "busy_ns"))
     order = pl.col("scope").replace_strict({s: i for i, s in enumerate(SCOPES)})

@@ -31,6 +31,7 @@ import polars as pl
 
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import op_link
 from nsysan.passes import tensor_core as tc
 from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.op_keys import KEY, op_key
@@ -52,37 +53,36 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     name = pl.col("demangled_name")
     if ops.get_column("demangled_name").null_count():
         name = pl.coalesce("demangled_name", "name").alias("demangled_name")
-    key = op_key([ops, trace.cuda_api])
-    kernels = (
-        ops.lazy()
-        .filter(pl.col("kind") == "kernel")
-        .select(
-            key, "start_ns", "op_class", pl.col("name").alias("short_name"), name,
-            (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
+    cols = [
+        "start_ns", "op_class", pl.col("name").alias("short_name"), name,
+        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
+    ]
+    is_kernel = pl.col("kind") == "kernel"
+    rows = op_link.api_rows(trace)
+    if rows is not None:
+        # Every op's launching call is known (distinct API keys): gather its bounds. Only the
+        # columns read here are taken before the kernel rows are copied.
+        kernels = (
+            ops.select("kind", "start_ns", "end_ns", "op_class", "name", "demangled_name")
+            .with_columns(pl.Series("_row", rows)).filter(is_kernel).select(*cols, "_row")
         )
-    )
-    api = trace.cuda_api.lazy().select(
-        key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
-    )
-    launched = _launched_by(kernels.collect(), api).with_columns(
+        api = trace.cuda_api
+        launched = kernels.with_columns(
+            op_link.gather(api["start_ns"], kernels["_row"]).alias("_api_start"),
+            op_link.gather(api["end_ns"], kernels["_row"]).alias("_api_end"),
+        ).drop("_row")
+    else:
+        key = op_key([ops, trace.cuda_api])
+        api_lf = trace.cuda_api.lazy().select(
+            key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
+        )
+        launched = _launched_by(ops.lazy().filter(is_kernel).select(key, *cols).collect(),
+                                api_lf).collect()
+    launched = launched.with_columns(
         (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
         (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
     )
-    summary = launched.group_by("demangled_name").agg(
-        pl.col("short_name").mode().sort().first(),
-        pl.col("op_class").mode().sort().first(),
-        pl.len().cast(pl.Int64).alias("count"),
-        pl.col("_dur").sum().alias("total_ns"),
-        pl.col("_dur").mean().alias("mean_ns"),
-        pl.col("_dur").median().alias("median_ns"),
-        pl.col("_dur").min().alias("min_ns"),
-        pl.col("_dur").max().alias("max_ns"),
-        pl.col("_api_dur").mean().alias("api_mean_ns"),
-        pl.col("_queue").mean().alias("queue_mean_ns"),
-        pl.col("_queue").max().alias("queue_max_ns"),
-        (pl.col("_dur") < params.tiny_kernel_ns).sum().cast(pl.Int64).alias("_n_tiny"),
-        pl.col("_dur").filter(pl.col("_dur") < params.tiny_kernel_ns).sum().alias("_tiny_ns"),
-    )
+    summary = _summary(launched, params.tiny_kernel_ns).lazy()
     table = (
         tc.classify(summary)
         .with_columns(
@@ -96,6 +96,49 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
         tables={"kernels": schemas.conform(table, schemas.KERNELS)},
         metrics=_metrics(params, table),
     )
+
+
+_MODES = ("short_name", "op_class")
+
+
+def _summary(launched: pl.DataFrame, tiny_ns: int) -> pl.DataFrame:
+    """Per demangled name: the most frequent short name and op class, counts, durations,
+    launch statistics (before the Tensor Core columns)."""
+    aggs = [
+        pl.len().cast(pl.Int64).alias("count"),
+        pl.col("_dur").sum().alias("total_ns"),
+        pl.col("_dur").mean().alias("mean_ns"),
+        pl.col("_dur").median().alias("median_ns"),
+        pl.col("_dur").min().alias("min_ns"),
+        pl.col("_dur").max().alias("max_ns"),
+        pl.col("_api_dur").mean().alias("api_mean_ns"),
+        pl.col("_queue").mean().alias("queue_mean_ns"),
+        pl.col("_queue").max().alias("queue_max_ns"),
+        (pl.col("_dur") < tiny_ns).sum().cast(pl.Int64).alias("_n_tiny"),
+        pl.col("_dur").filter(pl.col("_dur") < tiny_ns).sum().alias("_tiny_ns"),
+    ]
+    if any(launched[c].null_count() for c in _MODES):  # (a null mode: the plain form)
+        return launched.group_by("demangled_name").agg(
+            *(pl.col(c).mode().sort().first() for c in _MODES), *aggs)
+    # Demangled names run to hundreds of bytes: grouping a million of them hashes every
+    # byte, and each mode hashed its group's names again. Cast once to categorical codes;
+    # every grouping then runs on integers and the names are decoded per group.
+    cat = launched.with_columns(pl.col("demangled_name", *_MODES).cast(pl.Categorical))
+    out = cat.group_by("demangled_name").agg(aggs).with_columns(
+        pl.col("demangled_name").cast(pl.String))
+    for c in _MODES:
+        out = out.join(_mode(cat, c), on="demangled_name", how="left", nulls_equal=True)
+    return out.select("demangled_name", *_MODES, *(a.meta.output_name() for a in aggs))
+
+
+def _mode(cat: pl.DataFrame, col: str) -> pl.DataFrame:
+    """``demangled_name, col``: the most frequent value of ``col`` per demangled name, the
+    smallest of equally frequent ones (``mode().sort().first()`` for a column without nulls),
+    counted on categorical codes."""
+    n = cat.group_by("demangled_name", col).agg(pl.len().alias("_n")).with_columns(
+        pl.col("demangled_name", col).cast(pl.String))
+    return (n.filter(pl.col("_n") == pl.col("_n").max().over("demangled_name"))
+            .group_by("demangled_name").agg(pl.col(col).min()))
 
 
 def _launched_by(kernels: pl.DataFrame, api: pl.LazyFrame) -> pl.LazyFrame:

@@ -40,6 +40,7 @@ from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import Finding, PassResult, PassSpec, Results
 
 # The name parsing and bandwidth formulas are part of this pass's interface: re-exported.
@@ -154,15 +155,28 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
             check_sortedness=False,
         )
         .filter(pl.col("correlation_id").is_not_null())
-        .group_by("global_pid", "correlation_id")
+        .collect()  # read three times below
+        .lazy()
+    )
+    # The distinct sorted names and ops of each launch: made distinct and sorted once over
+    # all launches, not a list sorted per launch (tens of thousands of tiny groups).
+    key = ["global_pid", "correlation_id"]
+
+    def distinct(col: str) -> pl.LazyFrame:
+        return (per_launch.select(*key, col).unique().sort(*key, col)
+                .group_by(key, maintain_order=True))
+
+    per_launch = (
+        per_launch.group_by(key)
         .agg(
-            pl.col("name").unique().sort().str.join("+").alias("nvtx_range"),
-            pl.col("_op").unique().sort().alias("_ops"),
             pl.col("_bytes").filter(pl.col("_op") == "Send").sum().alias("_send_bytes"),
             pl.col("_bytes").sum().alias("_all_bytes"),
             pl.col("_bytes").is_not_null().any().alias("_has_bytes"),
             pl.col("_comm").drop_nulls().first().alias("comm_id"),
         )
+        .join(distinct("name").agg(pl.col("name").str.join("+").alias("nvtx_range")), on=key,
+              nulls_equal=True)
+        .join(distinct("_op").agg(pl.col("_op").alias("_ops")), on=key, nulls_equal=True)
     )
     ops = pl.col("_ops")
     p2p_only = ops.list.set_difference(pl.lit(["Send", "Recv"])).list.len() == 0
@@ -210,42 +224,37 @@ def nccl_ops(trace: Trace, params: NcclParams, steps: pl.DataFrame | None = None
 def _exposure(trace: Trace, kern: pl.DataFrame) -> tuple[pl.Series, int]:
     """(compute-covered ns of each ``kern`` row, exposed ns of the union of ``kern`` per device).
 
-    Both measure against the union of the device's compute ops, the costly part (a sort of
-    every compute kernel): one `iv.covered` call serves the ops and their union, stacked.
+    Both measure against the union of the device's timed compute ops, the costly part (a sort
+    of every compute kernel), which `device_blocks` shares with the other passes and the
+    findings; the coverage is then a binary search per op bound.
     """
     spans = kern.select("device_id", "start_ns", "end_ns")
-    stacked = pl.concat([spans, iv.union(spans, ["device_id"]).collect()])
-    compute = trace.frame("gpu_ops").lazy().filter(
-        (pl.col("start_ns") > 0) & (pl.col("op_class") == "compute")
-    ).select("device_id", "start_ns", "end_ns")
-    cov = iv.covered(stacked, compute, by=["device_id"]).collect()
-    per_op, of_union = cov.head(kern.height), cov.slice(kern.height)
-    exposed = of_union.select((pl.col("end_ns") - pl.col("start_ns") - pl.col("covered_ns")).sum())
-    return per_op["covered_ns"], int(exposed.item())
+    compute = device_blocks.union(trace, ["compute"], timed=True)
+    mine = iv.union(spans, ["device_id"]).collect()
+    exposed = int((mine["end_ns"] - mine["start_ns"]).sum()
+                  - device_blocks.covered(compute, mine).sum())
+    return device_blocks.covered(compute, spans), exposed
 
 
-def _nccl_table(
-    trace: Trace, params: NcclParams, steps: pl.DataFrame | None
-) -> tuple[pl.DataFrame, int]:
-    """`nccl_ops` and the exposed time of the union of its ops (``exposed_nccl_ns``)."""
-    # start 0 is CUPTI's "timestamp unknown" (the overlap and gaps passes drop it too)
-    ops = trace.frame("gpu_ops").filter(pl.col("start_ns") > 0)
-    kern = ops.filter((pl.col("op_class") == "nccl") & (pl.col("end_ns") >= pl.col("start_ns")))
-    if kern.is_empty():
-        return schemas.empty(schemas.NCCL), 0
-    kern = kern.select(
-        "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
-        pl.col("name").alias("kernel_name"),
-    )
-    names = parse_kernel_names(kern["kernel_name"].unique()).rename(
-        {"name": "kernel_name", "op": "kernel_op"}
-    )
+def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:
+    """One row per launch (``global_pid, correlation_id``) of the ``kern`` rows, with its API
+    call: ``global_tid, api_name, api_start_ns, api_end_ns``."""
+    api = trace.frame("cuda_api")
+    if "_api_row" in kern.columns:  # every op's call is known (`op_link`): a gather
+        k = kern.filter(pl.col("_api_row") >= 0).unique(
+            ["global_pid", "correlation_id"], keep="first")
+        return k.select(
+            "global_pid", "correlation_id",
+            *(op_link.gather(api[col], k["_api_row"]).alias(alias) for col, alias in (
+                ("global_tid", "global_tid"), ("name", "api_name"),
+                ("start_ns", "api_start_ns"), ("end_ns", "api_end_ns"))),
+        ).lazy()
     # The calls of the few NCCL launches, found by correlation id before the join: a join
     # with every API call would hash them all.
-    calls = trace.frame("cuda_api").lazy().filter(
+    calls = api.lazy().filter(
         pl.col("correlation_id").is_in(kern["correlation_id"].unique().implode())
     )
-    launches = (
+    return (
         kern.lazy()
         .select("global_pid", "correlation_id")
         .unique()
@@ -259,6 +268,31 @@ def _nccl_table(
         )
         .unique(["global_pid", "correlation_id"], keep="first")
     )
+
+
+def _nccl_table(
+    trace: Trace, params: NcclParams, steps: pl.DataFrame | None
+) -> tuple[pl.DataFrame, int]:
+    """`nccl_ops` and the exposed time of the union of its ops (``exposed_nccl_ns``)."""
+    # start 0 is CUPTI's "timestamp unknown" (the overlap and gaps passes drop it too)
+    gpu = trace.frame("gpu_ops").select(
+        "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
+        pl.col("name").alias("kernel_name"), "op_class",
+    )
+    rows = op_link.api_rows(trace)
+    if rows is not None:
+        gpu = gpu.with_columns(pl.Series("_api_row", rows))
+    kern = gpu.filter(
+        (pl.col("start_ns") > 0) & (pl.col("op_class") == "nccl")
+        & (pl.col("end_ns") >= pl.col("start_ns"))
+    ).drop("op_class")
+    if kern.is_empty():
+        return schemas.empty(schemas.NCCL), 0
+    names = parse_kernel_names(kern["kernel_name"].unique()).rename(
+        {"name": "kernel_name", "op": "kernel_op"}
+    )
+    launches = _launches(trace, kern)
+    kern = kern.drop("_api_row", strict=False)
     issued = _issued_by(trace, launches)
     covered, union_exposed = _exposure(trace, kern)
     n_ranks = _n_ranks(trace, params, kern)

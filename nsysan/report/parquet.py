@@ -13,11 +13,13 @@ from nsysan.frames.schemas import conform
 
 def write_table(df: pl.DataFrame, path: Path, schema: pl.Schema | None = None) -> Path:
     """Write one table atomically: a temp file in the same directory, then rename."""
-    if schema is not None:
+    if schema is not None and df.schema != schema:  # (conforming a conforming frame: a copy)
         df = conform(df, schema)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        df.write_parquet(tmp, compression="zstd", statistics=True)
+        # zstd level 1: a third faster to encode than the default level 3 on the largest
+        # tables (attribution: 0.13 -> 0.10 s per 450k rows), files ~4% larger
+        df.write_parquet(tmp, compression="zstd", compression_level=1, statistics=True)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from nsysan.findings import streams
 from nsysan.findings.evidence import fmt_frac, fmt_ns
-from nsysan.findings.streams import covered_before
-from nsysan.frames import intervals
 from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
 from nsysan.frames.trace import Trace
+from nsysan.passes import device_blocks
+from nsysan.passes.device_blocks import covered_before
 from nsysan.report.jsonout import atomic_write
 
 CLASSES = ("compute", "nccl", "h2d", "d2h", "d2d", "p2p", "memset")
@@ -65,21 +64,17 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     """Binned per-device activity from gpu_ops (and gaps / steps tables when present)."""
     if not trace.has("gpu_ops") or trace.gpu_ops.is_empty():
         return []
-    # The class is carried as its index in CLASSES: grouping by an integer instead of a
-    # string halves the cost of the per-class union on 1M-op traces.
-    code = {op: CLASSES.index(c) for op, c in OVERLAP_CLASS_OF_OP_CLASS.items()}
-    ops = trace.gpu_ops.lazy().filter(pl.col("start_ns") > 0).with_columns(
-        pl.col("op_class").replace_strict(code, default=CLASSES.index("compute"),
-                                          return_dtype=pl.Int64).alias("cls"))
-    spans = ops.group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-    per_cls = intervals.union(ops, by=["device_id", "cls"])
-    spans, per_cls = pl.collect_all([spans, per_cls])
-    # The busy union is the one the findings' short-gap classification already built.
-    busy = streams.busy_blocks(trace)
-    # compute ∪ nccl merged from the two classes' blocks: fewer rows than their ops
-    nc_codes = [CLASSES.index("compute"), CLASSES.index("nccl")]
-    nc = intervals.union(per_cls.filter(pl.col("cls").is_in(nc_codes)),
-                         by=["device_id"]).collect()
+    spans = (trace.gpu_ops.lazy().filter(pl.col("start_ns") > 0)
+             .group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+             .collect())
+    # Every union is cut from the GPU ops that the gaps pass sorted already (device_blocks):
+    # the busy union (which the findings' short-gap classification used too), one per class
+    # (an op_class outside the overlap classes counts as compute), compute ∪ nccl.
+    of_cls = {c: [op for op, k in OVERLAP_CLASS_OF_OP_CLASS.items() if k == c] for c in CLASSES}
+    of_cls["compute"].append(device_blocks.OTHER)
+    per_cls = {c: device_blocks.blocks(trace, ops, keep=False) for c, ops in of_cls.items()}
+    busy = device_blocks.blocks(trace)
+    nc = device_blocks.blocks(trace, [*of_cls["compute"], *of_cls["nccl"]], keep=False)
     gaps = tables.get("gaps")
     steps = tables.get("steps")
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
@@ -90,17 +85,14 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
             continue
         edges = np.linspace(t0, t1, n_bins + 1).round().astype(np.int64)
 
-        def cov(df: pl.DataFrame, dev: int = dev, edges: np.ndarray = edges) -> np.ndarray:
-            d = df.filter(pl.col("device_id") == dev)
-            return _coverage(d["start_ns"].to_numpy(), d["end_ns"].to_numpy(), edges)
-
-        # (filters on integer columns: cheaper than partition_by on these few groups)
-        mine = per_cls.filter(pl.col("device_id") == dev)
-        of_cls = [mine.filter(pl.col("cls") == i) for i in range(len(CLASSES))]
-        lanes = {c: cov(d) for c, d in zip(CLASSES, of_cls, strict=True) if d.height}
-        b = cov(busy)
+        # (a null device id gets no blocks: the equality filter this replaces matched none)
+        mine = {c: b.of(dev) if dev is not None else (np.zeros(0), np.zeros(0))
+                for c, b in [*per_cls.items(), ("busy", busy), ("nc", nc)]}
+        lanes = {c: _coverage(*mine[c], edges) for c in per_cls if mine[c][0].size}
+        b = _coverage(*mine["busy"], edges)
         if "nccl" in lanes:
-            lanes["exposed nccl"] = np.clip(cov(nc) - lanes.get("compute", 0.0), 0, 1)
+            nc_share = _coverage(*mine["nc"], edges)
+            lanes["exposed nccl"] = np.clip(nc_share - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
