@@ -14,6 +14,7 @@ from test_attribution import Builder, random_trace
 
 from nsysan.frames import containment as cn
 from nsysan.passes import attribution as A
+from nsysan.passes import op_link
 from nsysan.passes import steps as S
 from nsysan.passes.op_keys import unique_rows
 
@@ -48,7 +49,7 @@ def _attribution(b: Builder) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
 
 
 def _without_fast_paths(b: Builder) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
-    with mock.patch.object(A, "unique_rows", return_value=None), \
+    with mock.patch.object(op_link, "api_rows", return_value=None), \
             mock.patch.object(cn, "_rank_lookup", return_value=None):
         return _attribution(b)
 
@@ -109,7 +110,7 @@ def test_steps_projection_fast_path_equals_the_join():
     b.launch((310, 312), (2000, 2100), tid=2)  # another thread: only the last step's end
     trace = b.trace()
     fast = S.run(trace, S.StepsParams(), {})
-    with mock.patch.object(S, "unique_rows", return_value=None):
+    with mock.patch.object(op_link, "api_rows", return_value=None):
         slow = S.run(b.trace(), S.StepsParams(), {})
     assert fast.tables["steps"].equals(slow.tables["steps"])
     assert fast.tables["steps"]["end_ns"][-1] == 2100

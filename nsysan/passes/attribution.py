@@ -45,8 +45,10 @@ from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import attribution_sums as sums
+from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.op_keys import KEY, op_key, unique_rows
+from nsysan.passes.op_keys import KEY, op_key
 
 RANGE_STYLES = ("push_pop", "start_end")
 _OP_KEY = ["global_pid", "correlation_id"]
@@ -137,30 +139,32 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     )
 
 
-def _launches(cuda_api: pl.DataFrame, ops: pl.DataFrame,
-              ) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
-    """The API calls that launched GPU ops (``launch_id``, ``global_tid``, bounds), the
-    op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds), on ``_OP_KEY``
-    packed into one column (`op_keys.op_key`, computed once for both joins), and whether
-    every op has one launch at most (then the op table is in ``op_id`` order)."""
-    key = op_key([cuda_api, ops])
+def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
+    """The API calls that launched GPU ops (``launch_id`` = API row, ``global_tid``, bounds),
+    the op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds) and whether
+    every op has one launch at most (then the op table is in ``op_id`` order). ``ops`` are the
+    rows of ``gpu_ops`` with ``op_id`` = row number."""
+    cuda_api = trace.cuda_api
     api = (
-        cuda_api.select(key, "global_tid", "start_ns", "end_ns")
+        cuda_api.select("global_tid", "start_ns", "end_ns")
         .with_row_index("launch_id")
         .with_columns(pl.col("launch_id").cast(pl.Int64))
     )
-    op_k = ops.select("op_id", key, "device_id", "start_ns", "end_ns")
     cols = ["launch_id", "global_tid", "start_ns", "end_ns"]
-    row = unique_rows(api[KEY], op_k[KEY])
-    if row is not None:  # distinct API keys: a binary search per op, no hash joins
-        found = row >= 0
-        launch = row.filter(found)
+    rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
+    if rows is not None:  # distinct API keys: every op's call is a row number, no hash joins
+        found = rows >= 0
+        launch = rows[found]
         used = np.zeros(api.height, bool)
-        used[launch.to_numpy()] = True
-        op_launch = op_k.filter(found).select(
-            "op_id", launch.alias("launch_id"), "device_id", "start_ns", "end_ns"
+        used[launch] = True
+        op_launch = ops.filter(pl.Series(found)).select(
+            "op_id", pl.Series("launch_id", launch), "device_id", "start_ns", "end_ns"
         )
         return api.filter(pl.Series(used)).select(cols), op_launch, True
+    # Some key is held by several API rows: join on ``_OP_KEY`` packed into one column.
+    key = op_key([cuda_api, ops])
+    api = api.with_columns(cuda_api.select(key))
+    op_k = ops.select("op_id", key, "device_id", "start_ns", "end_ns")
     launches = api.join(op_k.select(KEY), on=KEY, how="semi")
     op_launch = op_k.join(launches.select("launch_id", KEY), on=KEY, how="inner").select(
         "op_id", "launch_id", "device_id", "start_ns", "end_ns"
@@ -216,34 +220,63 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
     return layer_tab, pl.Series("lid", lid, pl.UInt32)
 
 
-def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> pl.DataFrame:
-    """``pairs`` (``launch_id, rix``) joined with ``op_launch`` on ``launch_id``."""
+def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """``pairs`` (``launch_id, rix``) joined with ``op_launch`` on ``launch_id``, and which
+    pairs found an op (their launch launched something)."""
     # A merge join: launch ids of the ops come nearly sorted (a cheap stable argsort) and
     # each pair's ops are one block of them, found by two binary searches; a hash join over
     # millions of pairs misses the cache at every probe.
     launch = op_launch["launch_id"].to_numpy()
+    wanted = pairs["launch_id"].to_numpy()
+    if len(launch) and launch.min() >= 0 and np.bincount(launch).max() == 1:
+        # One op per launch (no graph launches): the op of a launch is an array lookup.
+        op_of = np.full(max(int(launch.max()), int(wanted.max(initial=0))) + 1, -1, np.int64)
+        op_of[launch] = np.arange(len(launch))
+        op_rows = op_of[wanted]
+        has_ops = op_rows >= 0
+        pair_rows = np.flatnonzero(has_ops)
+        op_rows = op_rows[pair_rows]
+    else:
+        pair_rows, op_rows = _merge_rows(launch, wanted)
+        has_ops = np.zeros(len(wanted), bool)
+        has_ops[pair_rows] = True
+    inc = (
+        pairs.select("launch_id", "rix")[pair_rows]
+        .hstack(op_launch.select(pl.exclude("launch_id"))[op_rows])
+    )
+    return inc, has_ops
+
+
+def _merge_rows(launch: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``wanted`` and of ``launch`` that hold the same launch id, every pair once."""
     order = np.argsort(launch, kind="stable")
     ordered = launch[order]
-    wanted = pairs["launch_id"].to_numpy()
     lo = np.searchsorted(ordered, wanted, side="left")
     n = np.searchsorted(ordered, wanted, side="right") - lo
     pair_rows = np.repeat(np.arange(len(wanted)), n)
     # Row k of a pair's block: its first row plus k (k counts up from 0 inside each block).
     first = np.repeat(lo - (np.cumsum(n) - n), n)
-    op_rows = order[first + np.arange(len(pair_rows))]
-    return (
-        pairs.select("launch_id", "rix")[pair_rows]
-        .hstack(op_launch.select(pl.exclude("launch_id"))[op_rows])
-    )
+    return pair_rows, order[first + np.arange(len(pair_rows))]
 
 
-def _busy(members: pl.DataFrame, group: str) -> pl.LazyFrame:
-    """``gpu_busy_ns`` per ``group``: the union of its op intervals per device, summed."""
-    return (
-        iv.total(members, by=[group, "device_id"], name="gpu_busy_ns")
-        .group_by(group)
-        .agg(pl.col("gpu_busy_ns").sum())
-    )
+def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Int64 sum of ``values`` per ``index`` in ``[0, n)``."""
+    out = np.zeros(n, np.int64)
+    np.add.at(out, index, values)
+    return out
+
+
+def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
+    """GPU busy time of the trace: the union of all GPU ops per device, summed."""
+    if ops.is_empty():
+        return 0
+    if not (trace.gpu_ops["device_id"] == -1).any():
+        # Null devices (filled with -1 in ``ops``) merge with no real device: the unions per
+        # device are those of the other passes, cut from one shared sorted stream (read
+        # once here: not kept).
+        blocks = device_blocks.union(trace, None, timed=False, keep=False)
+        return int((blocks["end_ns"] - blocks["start_ns"]).sum())
+    return int(iv.total(ops, by=["device_id"]).collect()["busy_ns"].sum())
 
 
 def _unavailable_reason(trace: Trace, ranges: pl.DataFrame, launch_tids: pl.Series) -> str | None:
@@ -266,7 +299,10 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     trace_id = trace.trace_id
     # ``rix``: a dense range index in range_id order. Every heavy step keys on it (one small
     # integer) and ties broken on range_id break the same way on it.
-    ranges = _with_nesting(eligible_ranges(trace.nvtx)).sort("range_id").with_row_index("rix")
+    ranges = _with_nesting(eligible_ranges(trace.nvtx))
+    if not ranges["range_id"].is_sorted():  # loaders emit them in order: checking is cheaper
+        ranges = ranges.sort("range_id")
+    ranges = ranges.with_row_index("rix")
     layer_tab, lid_of_rix = _layer_ids(ranges, params.group_numbered)
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
@@ -274,77 +310,66 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").fill_null(-1), "start_ns", "end_ns"])
         .with_row_index("op_id")
     )
-    launches, op_launch, one_launch = _launches(trace.cuda_api, ops)
+    launches, op_launch, one_launch = _launches(trace, ops)
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     pairs = cn.enclosing(
         launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
     ).collect()
     # Inclusive membership: (range, op) for every enclosing range.
-    inc = _members(pairs, op_launch)
-    inc = inc.with_columns(lid=lid_of_rix.gather(inc["rix"]))
+    inc, has_ops = _members(pairs, op_launch)
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
     # (launch_id and rix are unique across threads: no ``by`` needed.)
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
     owned = _owned(op_launch, inner.collect(), trace.cuda_api.height, one_launch)
-
-    proj = inc.lazy().group_by("rix").agg(
-        pl.col("start_ns").min().alias("proj_start_ns"),
-        pl.col("end_ns").max().alias("proj_end_ns"),
-        pl.col("launch_id").n_unique().cast(pl.Int64).alias("n_gpu_ops"),
-    )
-    busy = _busy(inc, "rix")
-    owned_union = iv.total(owned, by=["device_id"])
+    owned_union = iv.total(owned, by=["device_id"]).collect()
     shares = (
         cn.equal_shares(owned, by=["device_id"])
         .group_by("rix", "device_id")
         .agg(pl.col("share_ns").sum().alias("share"))
     )
-    exclusive = (
-        _largest_remainder(shares, owned_union)
-        .group_by("rix")
-        .agg(pl.col("exclusive_gpu_ns").sum())
-    )
-    total_busy = iv.total(ops, by=["device_id"])
-    layer_ops = inc.lazy().group_by("lid").agg(
-        pl.col("launch_id").n_unique().cast(pl.Int64).alias("n_gpu_ops")
-    )
-    layer_busy = _busy(inc, "lid")
-    (proj_df, busy_df, excl_df, owned_u_df, total_df, lops_df, lbusy_df) = pl.collect_all(
-        [proj, busy, exclusive, owned_union, total_busy, layer_ops, layer_busy]
-    )
-    launch_tids = launches["global_tid"].unique()
+    excl = _largest_remainder(shares, owned_union.lazy()).collect()
+    n_ranges, n_layers = ranges.height, layer_tab.height
+    exclusive = np.zeros(n_ranges, np.int64)
+    # (null: a device whose owned ops all have zero length has no union; a sum skips it)
+    np.add.at(exclusive, excl["rix"].to_numpy(),
+              excl["exclusive_gpu_ns"].fill_null(0).to_numpy())
 
+    # Per range and per layer: arrays indexed by rix / lid (see `attribution_sums`).
+    rix = inc["rix"].to_numpy()
+    lid = lid_of_rix.to_numpy()
+    proj_start, proj_end = sums.projection(rix, inc["start_ns"], inc["end_ns"], n_ranges)
+    # A (launch, range) pair is listed once: distinct launches of a range = pairs with ops.
+    launched = pairs.filter(pl.Series(has_ops)).select("launch_id", "rix")
+    pair_rix = launched["rix"].to_numpy()
     attribution = (
         ranges.select(
-            "rix", "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
+            "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
             pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
         )
-        .join(proj_df, on="rix", how="left")
-        .join(busy_df, on="rix", how="left")
-        .join(excl_df, on="rix", how="left")
         .with_columns(
-            pl.col("n_gpu_ops").fill_null(0),
-            pl.col("gpu_busy_ns").fill_null(0),
-            pl.col("exclusive_gpu_ns").fill_null(0),
+            proj_start.alias("proj_start_ns"),
+            proj_end.alias("proj_end_ns"),
+            pl.Series("n_gpu_ops", np.bincount(pair_rix, minlength=n_ranges).astype(np.int64)),
+            pl.Series("gpu_busy_ns", sums.union_busy(rix, inc, n_ranges)),
+            pl.Series("exclusive_gpu_ns", exclusive),
             pl.lit(trace_id).alias("trace_id"),
         )
-        .sort("range_id")
     )
-    total_gpu = int(total_df["busy_ns"].sum())
-    attributed = int(owned_u_df["busy_ns"].sum())
+    total_gpu = _total_busy(trace, ops)
+    attributed = int(owned_union["busy_ns"].sum())
+    layer_of = lid[rix]
+    per_layer = pl.DataFrame({
+        "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
+        "instances": np.bincount(lid, minlength=n_layers).astype(np.int64),
+        "exclusive_gpu_ns": _sum_by(lid, exclusive, n_layers),
+        "n_gpu_ops": sums.distinct_counts(lid[pair_rix], launched["launch_id"].to_numpy(),
+                                          n_layers),
+        "gpu_busy_ns": sums.union_busy(layer_of, inc, n_layers),
+    })
     layers = (
-        attribution.select(lid_of_rix.gather(attribution["rix"]).alias("lid"), "exclusive_gpu_ns")
-        .group_by("lid")
-        .agg(
-            pl.len().cast(pl.Int64).alias("instances"),
-            pl.col("exclusive_gpu_ns").sum(),
-        )
+        per_layer.filter(pl.col("instances") > 0)
         .join(layer_tab, on="lid")
-        .join(lops_df, on="lid", how="left")
-        .join(lbusy_df, on="lid", how="left")
         .with_columns(
-            pl.col("n_gpu_ops").fill_null(0),
-            pl.col("gpu_busy_ns").fill_null(0),
             (pl.col("exclusive_gpu_ns") / total_gpu if total_gpu else pl.lit(None))
             .cast(pl.Float64).alias("exclusive_frac"),
             pl.lit(trace_id).alias("trace_id"),
@@ -352,6 +377,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .sort(["exclusive_gpu_ns", "gpu_busy_ns", "domain", "name"],
               descending=[True, True, False, False], nulls_last=True)
     )
+    launch_tids = launches["global_tid"].unique()
     if not params.keep_empty_ranges:
         attribution = attribution.filter(pl.col("n_gpu_ops") > 0)
 

@@ -24,11 +24,16 @@ from typing import Any
 import polars as pl
 
 from nsysan.frames import intervals as iv
-from nsysan.frames import schemas
-from nsysan.frames.packed_keys import GROUP, Keys, group_agg
+from nsysan.frames import schemas, sweeps
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.steps import OVERLAP_CLASSES, device_segments, state_has, step_windows
+from nsysan.passes.steps import (
+    OVERLAP_CLASSES,
+    device_segments,
+    state_has,
+    step_states,
+    step_windows,
+)
 
 IDLE = 0  # state code with no class active
 
@@ -40,51 +45,19 @@ class OverlapParams:
 
 def _stream_concurrency(ops: pl.DataFrame) -> pl.LazyFrame:
     """``device_id, max_stream_concurrency, mean_stream_concurrency`` (over busy time)."""
-    per_stream = iv.union(ops, by=["device_id", "pid", "stream_id"]).collect()
-    # Per-stream unions are disjoint, so a running sum of +1 at every start and -1 at every
-    # end, in (device, time) order, is the number of active streams. One Int64 per event
-    # (packed device and time, start flag in the low bit) makes that one single-column sort.
-    keys = Keys([per_stream], ["device_id"], ["start_ns", "end_ns"], low=2)
-    events = pl.concat(
-        [keys.pack(0, "start_ns") * 2 + 1, keys.pack(0, "end_ns") * 2]
-    ).sort().alias("_e").to_frame()
-    key, nxt = pl.col("_k"), pl.col("_k").shift(-1)
-    levels = (
-        events.lazy()
-        .select((pl.col("_e") // 2).alias("_k"), ((pl.col("_e") % 2) * 2 - 1).cum_sum().alias("_n"))
-        .filter(key != key.shift(-1, fill_value=-1))  # the level after all events at an instant
-        .select(
-            keys.group(key).alias(GROUP),
-            "_n",
-            pl.when(keys.group(key) == keys.group(nxt))
-            .then(keys.length(key, nxt)).alias("_len"),
-        )
-        .filter(pl.col("_len").is_not_null() & (pl.col("_n") > 0))
-        .group_by(GROUP)
-        .agg(
-            pl.col("_n").max().cast(pl.Int64).alias("max_stream_concurrency"),
-            ((pl.col("_n") * pl.col("_len")).sum() / pl.col("_len").sum())
-            .alias("mean_stream_concurrency"),
-        )
-        .collect()
-    )
-    return keys.attach_by(levels).lazy()
-
-
-def _per_step(
-    segs: pl.LazyFrame, spans: pl.LazyFrame, steps: pl.DataFrame
-) -> pl.LazyFrame:
-    """``device_id, step, state_code, duration_ns``: states clipped to every step window."""
-    windows = spans.select("device_id").join(steps.lazy(), how="cross")
-    dur = pl.col("end_ns") - pl.col("start_ns")
-    pieces = iv.overlay(segs, windows.select("device_id", "step", "start_ns", "end_ns"),
-                        by=["device_id"], window_cols=["step"]).collect()
-    inside = group_agg(
-        pieces, ["device_id", "step"], "state_code", [dur.sum().alias("duration_ns")]
+    return sweeps.member_concurrency(
+        ops, ["device_id"], ["pid", "stream_id"],
+        "max_stream_concurrency", "mean_stream_concurrency",
     ).lazy()
-    # The part of a window outside the device span is idle.
+
+
+def _per_step(states: pl.DataFrame, spans: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
+    """``device_id, step, state_code, duration_ns``: states clipped to every step window
+    (``states``: `steps.step_states`), and idle for the part of a window outside the span."""
+    windows = spans.select("device_id").join(steps, how="cross")
+    dur = pl.col("end_ns") - pl.col("start_ns")
     outside = (
-        windows.join(spans, on="device_id")
+        windows.lazy().join(spans.lazy(), on="device_id")
         .with_columns(
             (dur - (pl.min_horizontal("end_ns", "_e") - pl.max_horizontal("start_ns", "_s"))
              .clip(lower_bound=0)).alias("duration_ns")
@@ -93,7 +66,7 @@ def _per_step(
         .select("device_id", "step", pl.lit(IDLE, pl.Int64).alias("state_code"), "duration_ns")
     )
     return (
-        pl.concat([inside, outside])
+        pl.concat([states.lazy(), outside])
         .group_by("device_id", "step", "state_code")
         .agg(pl.col("duration_ns").sum())
     )
@@ -114,18 +87,24 @@ def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
     label = pl.col("state_code").replace_strict(
         iv.state_names(OVERLAP_CLASSES), return_dtype=pl.String
     ).alias("state")
-    dur = pl.col("end_ns") - pl.col("start_ns")
     whole = (
-        group_agg(segs_df, ["device_id"], "state_code", [dur.sum().alias("duration_ns")])
+        sweeps.group_lengths(segs_df, ["device_id"], "state_code", "duration_ns")
         .select("device_id", label, "duration_ns", pl.lit(None, pl.Int64).alias("step"))
     )
     parts = [whole.lazy()]
     steps = step_windows(results) if params.per_step else None
     if steps is not None and not segs_df.is_empty():
-        spans = segs_df.lazy().group_by("device_id").agg(
-            pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e")
+        # The segments tile each device's span and come sorted by device, then start: the
+        # span runs from a device's first segment to its last (no group-by).
+        dev = pl.col("device_id")
+        first = dev.ne_missing(dev.shift(1)) | (pl.int_range(pl.len()) == 0)
+        last = dev.ne_missing(dev.shift(-1)) | (pl.int_range(pl.len()) == pl.len() - 1)
+        spans = segs_df.select(
+            dev.filter(first), pl.col("start_ns").filter(first).alias("_s"),
+            pl.col("end_ns").filter(last).alias("_e"),
         )
-        per_step = _per_step(segs_df.lazy(), spans, steps.select("step", "start_ns", "end_ns"))
+        windows = steps.select("step", "start_ns", "end_ns")
+        per_step = _per_step(step_states(trace, segs_df, windows), spans, windows)
         parts.append(per_step.select("device_id", "step", label, "duration_ns"))
     table = (
         pl.concat(parts, how="diagonal_relaxed")

@@ -56,11 +56,10 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
-from nsysan.frames import schemas
-from nsysan.frames.packed_keys import Keys
+from nsysan.frames import schemas, sweeps
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.op_keys import unique_rows
+from nsysan.passes.step_detect import nvtx_steps, periodic_steps, project
 
 STEP_NAME_PATTERN = (
     r"(?i)^\s*(?:(?:train|training|eval|val|valid|validation|test|profiler|global)[ _\-]?)?"
@@ -74,6 +73,10 @@ OVERLAP_CLASSES = tuple(dict.fromkeys(_CLASS_OF.values()))
 _ONE_TO_ONE = len(_CLASS_OF) == len(OVERLAP_CLASSES)
 #: trace -> (the gpu_ops frame, `device_segments` of it): kept by steps for the overlap pass
 _SEGMENTS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] = (
+    weakref.WeakKeyDictionary())
+#: trace -> (gpu_ops frame, segments, step windows, `step_states`): kept by steps for overlap
+_STATES: weakref.WeakKeyDictionary[
+    Trace, tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -140,14 +143,54 @@ def device_segments(trace: Trace, keep: bool = False) -> pl.DataFrame:
     return segs
 
 
+def step_states(trace: Trace, segs: pl.DataFrame, windows: pl.DataFrame,
+                keep: bool = False) -> pl.DataFrame:
+    """``device_id, step, state_code, duration_ns``: the time of every overlap state of every
+    device (``segs``: `device_segments`) inside every step window (``windows``: ``step,
+    start_ns, end_ns``), positive times only.
+
+    Steps (one device) and overlap (every device) both need it: the steps pass builds it with
+    ``keep`` and the overlap pass takes it over, like `device_segments`; it is served only for
+    the same ``gpu_ops`` frame, segments and windows."""
+    ops = trace.frame("gpu_ops")
+    hit = _STATES.get(trace) if keep else _STATES.pop(trace, None)
+    if hit is not None and hit[0] is ops and hit[1] is segs and hit[2].equals(windows):
+        return hit[3]
+    per_device = segs.select(pl.col("device_id").unique()).join(windows, how="cross")
+    states = sweeps.window_sums(segs, per_device, ["device_id"], "step", "state_code",
+                                "duration_ns")
+    if keep:
+        _STATES[trace] = (ops, segs, windows, states)
+    return states
+
+
 def forget_segments(trace: Trace) -> None:
-    """Drop the kept `device_segments` of ``trace`` (when the overlap pass did not run)."""
+    """Drop the kept `device_segments` and `step_states` of ``trace`` (when the overlap pass
+    did not run)."""
     _SEGMENTS.pop(trace, None)
+    _STATES.pop(trace, None)
 
 
 def primary_device(ops: pl.DataFrame) -> int | None:
     """The device with the most busy time (union of its ops); ties: the lowest id."""
-    busy = iv.total(ops.select("device_id", "start_ns", "end_ns"), by=["device_id"]).collect()
+    return _most_busy(
+        iv.total(ops.select("device_id", "start_ns", "end_ns"), by=["device_id"]).collect()
+    )
+
+
+def _primary_of_segments(ops: pl.DataFrame, segs: pl.DataFrame) -> int | None:
+    """`primary_device` of the timed ``ops`` from their `device_segments` ``segs``: where
+    every op has an overlap class, a device's busy time is the time of its non-idle states."""
+    if not ops["op_class"].is_in(list(_CLASS_OF)).fill_null(False).all():
+        return primary_device(ops)
+    return _most_busy(
+        segs.filter(pl.col("state_code") != 0)
+        .group_by("device_id")
+        .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("busy_ns"))
+    )
+
+
+def _most_busy(busy: pl.DataFrame) -> int | None:
     if busy.is_empty():
         return None
     return int(busy.sort(["busy_ns", "device_id"], descending=[True, False])["device_id"][0])
@@ -181,206 +224,35 @@ def window_metrics(ops: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> p
 def _window_sums(segs: pl.LazyFrame | pl.DataFrame, windows: pl.DataFrame, by: list[str],
                  ) -> pl.LazyFrame:
     """`window_metrics` from the state segments (``by + [start_ns, end_ns, state_code]``)."""
-    # States as bit sets, and sums of 0/1-weighted segment time per window: no label strings
-    # and no cutting two million segments into pieces at the window bounds.
-    bit = {c: 1 << i for i, c in enumerate(OVERLAP_CLASSES)}
-    code = pl.col("state_code")
-    not_compute = (code & bit["compute"]) == 0
-    weights = {
-        "busy_ns": code != 0,
-        "exposed_nccl_ns": ((code & bit["nccl"]) != 0) & not_compute,
-        "h2d_unoverlapped_ns": ((code & bit["h2d"]) != 0) & not_compute,
-    }
-    return iv.segment_sums(
-        windows.select([*by, "step", "start_ns", "end_ns"]), segs,
-        {name: w.cast(pl.Int64) for name, w in weights.items()}, by=by,
-    ).drop("start_ns", "end_ns")
+    # The time per (window, state) first (windows x states: a small table, built without
+    # cutting the segments into pieces), then the metrics as sums over states by their bits.
+    rows = windows.select([*by, "step", "start_ns", "end_ns"]).with_row_index("_win")
+    per_state = sweeps.window_sums(segs.lazy().collect(), rows, by, "_win", "state_code", "_ns")
+    return (
+        rows.select([*by, "step", "_win"])
+        .join(_metric_sums(per_state, "_win", "_ns"), on="_win", how="left")
+        .sort("_win")
+        .select([*by, "step", *(pl.col(c).fill_null(0) for c in _METRICS)])
+        .lazy()
+    )
 
 
-# ---------------------------------------------------------------------------------------------
-# Step detection
-# ---------------------------------------------------------------------------------------------
-def _name_key(col: str = "name") -> pl.Expr:
-    return pl.col(col).str.replace_all(r"\d+", "N")
+#: per-step metrics: which overlap states count for each (bits of `OVERLAP_CLASSES`)
+_BIT = {c: 1 << i for i, c in enumerate(OVERLAP_CLASSES)}
+_NOT_COMPUTE = (pl.col("state_code") & _BIT["compute"]) == 0
+_METRICS = {
+    "busy_ns": pl.col("state_code") != 0,
+    "exposed_nccl_ns": ((pl.col("state_code") & _BIT["nccl"]) != 0) & _NOT_COMPUTE,
+    "h2d_unoverlapped_ns": ((pl.col("state_code") & _BIT["h2d"]) != 0) & _NOT_COMPUTE,
+}
 
 
-def _nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | None:
-    """CPU step ranges ``step, start_ns, end_ns, global_tid, global_pid, pid`` from NVTX."""
-    nvtx = trace.frame("nvtx")
-    if nvtx.is_empty():
-        return None
-    if params.range_name is not None:
-        pat = f"(?i)^(?:{params.range_name})$"
-        match = (pl.col("name") == params.range_name) | pl.col("name").str.contains(pat)
-    else:
-        match = pl.col("name").str.contains(params.name_pattern)
-    cand = nvtx.lazy().filter(
-        (pl.col("style") != "mark")
-        & (pl.col("end_ns") > pl.col("start_ns"))
-        & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
-        & match.fill_null(False)
-    ).with_columns(_name_key().alias("key"))
-    groups = (
-        cand.group_by("global_tid", "key")
-        .agg(pl.len().alias("n"), pl.col("start_ns").min().alias("first"))
-        .sort(["n", "first"], descending=[True, False])
-        .head(1)
-        .collect()
+def _metric_sums(per_state: pl.DataFrame, key: str, time: str) -> pl.DataFrame:
+    """``key`` + `_METRICS`: sums of the ``time`` of the states each metric counts, per
+    ``key`` (a table of windows x states: small)."""
+    return per_state.group_by(key).agg(
+        pl.col(time).filter(w).sum().alias(name) for name, w in _METRICS.items()
     )
-    if groups.is_empty():
-        return None
-    tid, key = groups["global_tid"][0], groups["key"][0]
-    chosen = (
-        cand.filter((pl.col("global_tid") == tid) & (pl.col("key") == key))
-        .sort("start_ns", "end_ns")
-        .unique("start_ns", keep="last", maintain_order=True)
-        .with_columns(
-            # Consecutive instances must not overlap: clip each CPU end to the next start.
-            pl.min_horizontal("end_ns", pl.col("start_ns").shift(-1)).alias("end_ns")
-        )
-        .select(
-            pl.int_range(pl.len(), dtype=pl.Int64).alias("step"),
-            "start_ns", "end_ns", "global_tid", "global_pid", "pid",
-        )
-        .collect()
-    )
-    return chosen, f"nvtx:{key}"
-
-
-def _project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
-    """GPU windows ``step, start_ns, end_ns`` of CPU step ranges (see the module doc)."""
-    ops = trace.frame("gpu_ops")
-    api = trace.frame("cuda_api")
-    if ops.is_empty() or api.is_empty():
-        return cpu.select("step", "start_ns", "end_ns"), "cpu"
-    tid = cpu["global_tid"][0]
-    pid = cpu["pid"][0]
-    # Assign each API call of the process to the CPU step whose range holds its start: the
-    # ranges are sorted and disjoint, so that is a binary search, not a sort and an as-of join.
-    calls = api.lazy().filter((pl.col("pid") == pid) & pl.col("start_ns").is_not_null()).select(
-        "global_tid", "global_pid", "correlation_id", "start_ns"
-    ).collect()
-    row = cpu["start_ns"].search_sorted(calls["start_ns"], side="right").cast(pl.Int64) - 1
-    in_range = (row >= 0) & (calls["start_ns"] < cpu["end_ns"].gather(row.clip(0)))
-    calls = calls.with_columns(cpu["step"].gather(row.clip(0)).alias("step")).filter(in_range)
-    # Join launches on one packed Int64 (global_pid, correlation_id), not on two columns.
-    link = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
-    calls = calls.filter(link)
-    launches = ops.lazy().filter(link).select(
-        "global_pid", "correlation_id",
-        pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe"),
-    ).collect()
-    keys = Keys([calls, launches], ["global_pid"], ["correlation_id"])
-    ids = calls.select("step", "global_tid", keys.pack(0, "correlation_id").alias("_id"))
-    op_ids = launches.select(keys.pack(1, "correlation_id").alias("_id"), "_os", "_oe")
-    own = ids.filter(pl.col("global_tid") == tid)
-    call = unique_rows(own["_id"], op_ids["_id"])
-    if call is None:  # an op key held by two calls: a join lists every pair
-        matched = own.join(op_ids, on="_id").select("step", "_os")
-    else:  # one call per key: a binary search per op finds it
-        found = call >= 0
-        matched = op_ids.filter(found).select(own["step"].gather(call.filter(found)), "_os")
-    first = matched.group_by("step").agg(pl.col("_os").min().alias("_first"))
-    win = cpu.join(first, on="step", how="left").sort("step")
-    if win["_first"].null_count() == win.height:
-        return cpu.select("step", "start_ns", "end_ns"), "cpu"
-    # A step that launched nothing on its thread has no GPU window: typically the CPU ran
-    # ahead past the end of GPU capture. It is dropped; step numbers keep their positions.
-    win = win.filter(pl.col("_first").is_not_null())
-    # Only the last step's end needs the ops launched by every thread: join just its calls.
-    last = ids.filter(pl.col("step") == win["step"][-1]).join(op_ids, on="_id")["_oe"].max()
-    win = win.with_columns(pl.col("_first").cum_max().alias("_gs")).with_columns(
-        pl.col("_gs").shift(-1)
-        .fill_null(pl.max_horizontal("_gs", pl.lit(last, pl.Int64), "end_ns"))
-        .alias("_ge")
-    )
-    return win.select("step", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns")), "gpu"
-
-
-def _periodic_steps(
-    ops: pl.DataFrame, params: StepsParams
-) -> tuple[pl.DataFrame, dict[str, Any]] | None:
-    """Steps from the period of the kernel-name sequence of the busiest (pid, device)."""
-    kern = ops.filter(pl.col("kind") == "kernel")
-    if kern.height < 2 * params.min_steps:
-        return None
-    busiest = (
-        iv.total(kern.select("pid", "device_id", "start_ns", "end_ns"), by=["pid", "device_id"])
-        .sort(["busy_ns", "pid", "device_id"], descending=[True, False, False])
-        .head(1)
-        .collect()
-    )
-    pid, dev = busiest["pid"][0], busiest["device_id"][0]
-    seq = (
-        kern.lazy()
-        .filter((pl.col("pid") == pid) & (pl.col("device_id") == dev))
-        .sort("start_ns", "end_ns")
-        .select(
-            pl.int_range(pl.len(), dtype=pl.Int64).alias("i"),
-            pl.col("name").fill_null(""),
-            "start_ns",
-            "end_ns",
-            # Idle time before each kernel: its start minus the latest end so far.
-            (pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1))
-            .clip(lower_bound=0).fill_null(0).alias("idle_before"),
-        )
-        .collect()
-    )
-    n = seq.height
-    diffs = seq.lazy().with_columns(pl.col("i").diff().over("name").alias("d")).filter(
-        pl.col("d").is_not_null()
-    )
-    per_name = (
-        diffs.group_by("name", "d")
-        .agg(pl.len().alias("k"))
-        .with_columns(pl.col("k").sum().over("name").alias("kd"))
-        .sort(["name", "k", "d"], descending=[False, True, False])
-        .group_by("name", maintain_order=True)
-        .first()
-        .filter((pl.col("kd") + 1 >= params.min_steps) & (pl.col("k") >= 0.8 * pl.col("kd")))
-        .collect()
-    )
-    periods = sorted(
-        int(d) for d in per_name["d"].unique() if d is not None and n // int(d) >= params.min_steps
-    )[:64]
-    if not periods:
-        return None
-    names = seq["name"]
-    # One vectorised comparison per candidate period (a few dozen at most, not per event).
-    match = {
-        period: float((names.head(n - period) == names.tail(n - period)).mean() or 0.0)
-        for period in periods
-    }
-    period = max(periods, key=lambda p: (match[p], -p))
-    if match[period] < params.min_period_match:
-        return None
-    anchors = per_name.filter(pl.col("d") == period)["name"]
-    anchor_stats = (
-        seq.filter(pl.col("name").is_in(anchors.implode()))
-        .group_by("name")
-        .agg(pl.col("idle_before").mean().alias("idle"), pl.col("i").min().alias("first"))
-        .sort(["idle", "first"], descending=[True, False])
-    )
-    anchor = anchor_stats["name"][0]
-    occ = seq.filter(pl.col("name") == anchor).select("i", "start_ns")
-    # End of every potential step: the end of the L-th kernel from its anchor occurrence.
-    ends_at = seq.select(pl.col("i") - (period - 1), pl.col("end_ns").cum_max().alias("_le"))
-    steps = (
-        occ.join(ends_at, on="i", how="left")
-        .with_columns(pl.col("start_ns").shift(-1).alias("_next"))
-        .with_columns(pl.coalesce("_next", "_le").alias("end_ns"))
-        .filter(pl.col("end_ns").is_not_null())
-        .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("step"), "start_ns", "end_ns")
-    )
-    if steps.height < params.min_steps:
-        return None
-    info = {
-        "step_anchor_kernel": anchor,
-        "step_period_kernels": period,
-        "step_period_match": round(match[period], 4),
-        "steps_device_id": int(dev),
-    }
-    return steps, info
 
 
 def _warmup(durations: pl.Expr, factor: float) -> pl.Expr:
@@ -400,17 +272,17 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
     metrics: dict[str, Any] = {}
     windows: pl.DataFrame | None = None
     source = ""
-    nv = _nvtx_steps(trace, params)
+    nv = nvtx_steps(trace, params)
     if nv is not None:
         cpu, source = nv
-        windows, projection = _project(trace, cpu)
+        windows, projection = project(trace, cpu)
         metrics["steps_projection"] = projection
         metrics["steps_without_gpu_work"] = cpu.height - windows.height
         metrics["steps_thread"] = int(cpu["global_tid"][0])
     elif params.range_name is not None:
         metrics["steps_reason"] = f"no NVTX range matches range_name {params.range_name!r}"
     elif params.periodicity:
-        per = _periodic_steps(
+        per = periodic_steps(
             ops.select("kind", "name", "pid", "device_id", "start_ns", "end_ns").collect(), params
         )
         if per is not None:
@@ -430,14 +302,16 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
         metrics.update(n_steps=0, steps_source=None)
         return PassResult(tables={"steps": schemas.empty(schemas.STEPS)}, metrics=metrics)
 
-    busy_ops = ops.select("device_id", "op_class", "start_ns", "end_ns").collect()
-    dev = primary_device(busy_ops) if not busy_ops.is_empty() else None
-    metrics.setdefault("steps_device_id", dev)
-    dev = metrics["steps_device_id"]
     segs = device_segments(trace, keep=True)
-    dev_segs = (segs.filter(pl.col("device_id") == dev) if dev is not None
-                else segs.clear()).drop("device_id")
-    per_step = _window_sums(dev_segs, windows.select("step", "start_ns", "end_ns"), by=[])
+    if "steps_device_id" not in metrics:  # periodicity names the device it used
+        busy_ops = ops.select("device_id", "op_class", "start_ns", "end_ns").collect()
+        metrics["steps_device_id"] = (
+            _primary_of_segments(busy_ops, segs) if not busy_ops.is_empty() else None
+        )
+    dev = metrics["steps_device_id"]
+    states = step_states(trace, segs, windows.select("step", "start_ns", "end_ns"), keep=True)
+    mine = states.filter(pl.col("device_id") == dev) if dev is not None else states.clear()
+    per_step = _metric_sums(mine, "step", "duration_ns").lazy()
     dur = pl.col("end_ns") - pl.col("start_ns")
     table = (
         windows.lazy()

@@ -1,0 +1,222 @@
+"""Step detection for the steps pass: NVTX step ranges and their projection onto GPU time,
+and the period of the kernel sequence (the rules are in `nsysan.passes.steps`' docstring)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from nsysan.frames import intervals as iv
+from nsysan.frames.packed_keys import Keys
+from nsysan.frames.trace import Trace
+from nsysan.passes import op_link
+
+if TYPE_CHECKING:
+    from nsysan.passes.steps import StepsParams
+
+
+def _name_key(col: str = "name") -> pl.Expr:
+    return pl.col(col).str.replace_all(r"\d+", "N")
+
+
+def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | None:
+    """CPU step ranges ``step, start_ns, end_ns, global_tid, global_pid, pid`` from NVTX."""
+    nvtx = trace.frame("nvtx")
+    if nvtx.is_empty():
+        return None
+    if params.range_name is not None:
+        pat = f"(?i)^(?:{params.range_name})$"
+        match = (pl.col("name") == params.range_name) | pl.col("name").str.contains(pat)
+    else:
+        match = pl.col("name").str.contains(params.name_pattern)
+    cand = nvtx.lazy().filter(
+        (pl.col("style") != "mark")
+        & (pl.col("end_ns") > pl.col("start_ns"))
+        & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
+        & match.fill_null(False)
+    ).with_columns(_name_key().alias("key"))
+    groups = (
+        cand.group_by("global_tid", "key")
+        .agg(pl.len().alias("n"), pl.col("start_ns").min().alias("first"))
+        .sort(["n", "first"], descending=[True, False])
+        .head(1)
+        .collect()
+    )
+    if groups.is_empty():
+        return None
+    tid, key = groups["global_tid"][0], groups["key"][0]
+    chosen = (
+        cand.filter((pl.col("global_tid") == tid) & (pl.col("key") == key))
+        .sort("start_ns", "end_ns")
+        .unique("start_ns", keep="last", maintain_order=True)
+        .with_columns(
+            # Consecutive instances must not overlap: clip each CPU end to the next start.
+            pl.min_horizontal("end_ns", pl.col("start_ns").shift(-1)).alias("end_ns")
+        )
+        .select(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("step"),
+            "start_ns", "end_ns", "global_tid", "global_pid", "pid",
+        )
+        .collect()
+    )
+    return chosen, f"nvtx:{key}"
+
+
+def _step_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The step (``cpu`` row) whose CPU range holds each ``start`` and whether one does: the
+    ranges are sorted and disjoint, so that is a binary search, not a sort and an as-of join."""
+    t = start.fill_null(0).to_numpy()
+    row = np.searchsorted(cpu["start_ns"].to_numpy(), t, side="right") - 1
+    inside = (row >= 0) & (t < cpu["end_ns"].to_numpy()[row.clip(0)])
+    inside &= start.is_not_null().to_numpy()
+    return cpu["step"].to_numpy()[row.clip(0)], inside
+
+
+def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
+    """``step, global_tid, _os, _oe``: every GPU op launched by an API call of process ``pid``
+    that starts inside a CPU step range, with the call's step and thread and the op's bounds
+    (one row per (call, op) pair)."""
+    ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
+    rows = op_link.api_rows(trace)
+    if rows is not None:  # every op's call is known: gather the calls, no join
+        linked = rows >= 0
+        call = pl.Series(rows[linked])
+        pairs = (
+            api.select(pl.col("pid", "global_tid", "start_ns").gather(call))
+            .hstack(ops.filter(pl.Series(linked)).select(
+                pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")))
+            .filter(pl.col("pid") == pid)
+        )
+        step, inside = _step_of(cpu, pairs["start_ns"])
+        return pairs.select(pl.Series("step", step), "global_tid", "_os", "_oe").filter(
+            pl.Series(inside))
+    # Some op key is held by two calls: a join lists every pair.
+    calls = api.filter((pl.col("pid") == pid) & pl.col("start_ns").is_not_null()).select(
+        "global_tid", "global_pid", "correlation_id", "start_ns"
+    )
+    step, inside = _step_of(cpu, calls["start_ns"])
+    link = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
+    calls = calls.with_columns(pl.Series("step", step)).filter(pl.Series(inside)).filter(link)
+    launches = ops.lazy().filter(link).select(
+        "global_pid", "correlation_id",
+        pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe"),
+    ).collect()
+    # Join on one packed Int64 (global_pid, correlation_id), not on two columns.
+    keys = Keys([calls, launches], ["global_pid"], ["correlation_id"])
+    ids = calls.select("step", "global_tid", keys.pack(0, "correlation_id").alias("_id"))
+    op_ids = launches.select(keys.pack(1, "correlation_id").alias("_id"), "_os", "_oe")
+    return ids.join(op_ids, on="_id").select("step", "global_tid", "_os", "_oe")
+
+
+def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+    """GPU windows ``step, start_ns, end_ns`` of CPU step ranges (see the module doc)."""
+    ops = trace.frame("gpu_ops")
+    api = trace.frame("cuda_api")
+    if ops.is_empty() or api.is_empty():
+        return cpu.select("step", "start_ns", "end_ns"), "cpu"
+    tid = cpu["global_tid"][0]
+    launched = _launched(trace, cpu, cpu["pid"][0])
+    matched = launched.filter(pl.col("global_tid") == tid)
+    first = matched.group_by("step").agg(pl.col("_os").min().alias("_first"))
+    win = cpu.join(first, on="step", how="left").sort("step")
+    if win["_first"].null_count() == win.height:
+        return cpu.select("step", "start_ns", "end_ns"), "cpu"
+    # A step that launched nothing on its thread has no GPU window: typically the CPU ran
+    # ahead past the end of GPU capture. It is dropped; step numbers keep their positions.
+    win = win.filter(pl.col("_first").is_not_null())
+    # The last step's end counts the ops launched by every thread of the process.
+    last = launched.filter(pl.col("step") == win["step"][-1])["_oe"].max()
+    win = win.with_columns(pl.col("_first").cum_max().alias("_gs")).with_columns(
+        pl.col("_gs").shift(-1)
+        .fill_null(pl.max_horizontal("_gs", pl.lit(last, pl.Int64), "end_ns"))
+        .alias("_ge")
+    )
+    return win.select("step", pl.col("_gs").alias("start_ns"), pl.col("_ge").alias("end_ns")), "gpu"
+
+
+def periodic_steps(
+    ops: pl.DataFrame, params: StepsParams
+) -> tuple[pl.DataFrame, dict[str, Any]] | None:
+    """Steps from the period of the kernel-name sequence of the busiest (pid, device)."""
+    kern = ops.filter(pl.col("kind") == "kernel")
+    if kern.height < 2 * params.min_steps:
+        return None
+    busiest = (
+        iv.total(kern.select("pid", "device_id", "start_ns", "end_ns"), by=["pid", "device_id"])
+        .sort(["busy_ns", "pid", "device_id"], descending=[True, False, False])
+        .head(1)
+        .collect()
+    )
+    pid, dev = busiest["pid"][0], busiest["device_id"][0]
+    seq = (
+        kern.lazy()
+        .filter((pl.col("pid") == pid) & (pl.col("device_id") == dev))
+        .sort("start_ns", "end_ns")
+        .select(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("i"),
+            pl.col("name").fill_null(""),
+            "start_ns",
+            "end_ns",
+            # Idle time before each kernel: its start minus the latest end so far.
+            (pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1))
+            .clip(lower_bound=0).fill_null(0).alias("idle_before"),
+        )
+        .collect()
+    )
+    n = seq.height
+    diffs = seq.lazy().with_columns(pl.col("i").diff().over("name").alias("d")).filter(
+        pl.col("d").is_not_null()
+    )
+    per_name = (
+        diffs.group_by("name", "d")
+        .agg(pl.len().alias("k"))
+        .with_columns(pl.col("k").sum().over("name").alias("kd"))
+        .sort(["name", "k", "d"], descending=[False, True, False])
+        .group_by("name", maintain_order=True)
+        .first()
+        .filter((pl.col("kd") + 1 >= params.min_steps) & (pl.col("k") >= 0.8 * pl.col("kd")))
+        .collect()
+    )
+    periods = sorted(
+        int(d) for d in per_name["d"].unique() if d is not None and n // int(d) >= params.min_steps
+    )[:64]
+    if not periods:
+        return None
+    names = seq["name"]
+    # One vectorised comparison per candidate period (a few dozen at most, not per event).
+    match = {
+        period: float((names.head(n - period) == names.tail(n - period)).mean() or 0.0)
+        for period in periods
+    }
+    period = max(periods, key=lambda p: (match[p], -p))
+    if match[period] < params.min_period_match:
+        return None
+    anchors = per_name.filter(pl.col("d") == period)["name"]
+    anchor_stats = (
+        seq.filter(pl.col("name").is_in(anchors.implode()))
+        .group_by("name")
+        .agg(pl.col("idle_before").mean().alias("idle"), pl.col("i").min().alias("first"))
+        .sort(["idle", "first"], descending=[True, False])
+    )
+    anchor = anchor_stats["name"][0]
+    occ = seq.filter(pl.col("name") == anchor).select("i", "start_ns")
+    # End of every potential step: the end of the L-th kernel from its anchor occurrence.
+    ends_at = seq.select(pl.col("i") - (period - 1), pl.col("end_ns").cum_max().alias("_le"))
+    steps = (
+        occ.join(ends_at, on="i", how="left")
+        .with_columns(pl.col("start_ns").shift(-1).alias("_next"))
+        .with_columns(pl.coalesce("_next", "_le").alias("end_ns"))
+        .filter(pl.col("end_ns").is_not_null())
+        .select(pl.int_range(pl.len(), dtype=pl.Int64).alias("step"), "start_ns", "end_ns")
+    )
+    if steps.height < params.min_steps:
+        return None
+    info = {
+        "step_anchor_kernel": anchor,
+        "step_period_kernels": period,
+        "step_period_match": round(match[period], 4),
+        "steps_device_id": int(dev),
+    }
+    return steps, info

@@ -1,0 +1,43 @@
+"""The per-step state times are computed once, by the steps pass, and taken over by overlap:
+the overlap table is the same as when overlap computes them itself, and nothing holds them
+once `analyze` is done."""
+
+from __future__ import annotations
+
+from test_gaps import MS, K, build
+from test_steps import R
+
+from nsysan.api import analyze
+from nsysan.frames import sweeps
+from nsysan.passes import overlap, steps
+
+
+def _trace():
+    nvtx = [R(10 * k, 10 * k + 10, f"step {k}") for k in range(4)]
+    ops = [K(10 * k + 5, 10 * k + 8, api_s=(10 * k + 1) * MS) for k in range(4)]
+    ops += [K(10 * k + 6, 10 * k + 12, cls="nccl", stream=9, api_s=(10 * k + 2) * MS)
+            for k in range(4)]
+    ops += [K(10 * k + 1, 10 * k + 3, dev=1, api_s=(10 * k + 1) * MS) for k in range(4)]
+    return build(ops, nvtx=nvtx)
+
+
+def test_overlap_per_step_rows_equal_with_and_without_the_shared_states(monkeypatch):
+    calls = []
+    window_sums = sweeps.window_sums
+    monkeypatch.setattr(sweeps, "window_sums", lambda *a: calls.append(1) or window_sums(*a))
+    trace = _trace()
+    res = {"steps": steps.run(trace, steps.StepsParams(), {})}
+    assert trace in steps._STATES
+    shared = overlap.run(trace, overlap.OverlapParams(), res).tables["overlap"]
+    assert trace not in steps._STATES  # overlap took them over
+    assert len(calls) == 1  # ... without computing them again
+    fresh = overlap.run(trace, overlap.OverlapParams(), res).tables["overlap"]
+    assert shared.equals(fresh)
+    assert shared["step"].drop_nulls().n_unique() == 4
+
+
+def test_shared_states_are_not_kept_after_analyze():
+    for passes in (["steps", "overlap"], ["steps"]):
+        trace = _trace()
+        analyze(trace, passes=passes, findings=False)
+        assert trace not in steps._STATES and trace not in steps._SEGMENTS
