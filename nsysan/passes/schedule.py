@@ -8,12 +8,13 @@ start as soon as steps is done. Results do not depend on the order: each pass re
 trace's frames (built once, under a lock) and the results of the passes it names in
 ``requires``/``after``, which are finished before it starts.
 
-It pays only in between. On small traces (below `CONCURRENT_MIN_OPS` GPU ops) a pass is many
-short calls, each holding the GIL for its Python part, and two threads handing the GIL back
-and forth ran slower than one (sc22, 22k kernels: 0.88-0.96 s serial, 0.98-1.17 s with two).
-Concurrency also costs memory (two passes' intermediates alive at once: +25% peak on 1M
-kernels), so traces above `CONCURRENT_MAX_OPS`, where one pass alone holds gigabytes, run one
-pass at a time too. On 1M kernels two at a time took the passes from 4.5-5.2 s to 4.1-4.3 s.
+It pays on big traces: on 1M kernels (frames loaded) the passes took 1.99-2.06 s two at a
+time against 3.07-3.64 s one at a time. On small traces (below `CONCURRENT_MIN_OPS` GPU ops) a
+pass is many short calls, each holding the GIL for its Python part; there two threads were
+slower than one in a first measurement (sc22, 22k kernels: 0.98-1.17 s against 0.88-0.96 s end
+to end) and no faster in a later one, so they run one at a time. Concurrency also costs memory
+(two passes' intermediates alive at once: +10-25% peak on 1M kernels), so traces above
+`CONCURRENT_MAX_OPS`, where one pass alone holds gigabytes, run one pass at a time too.
 """
 
 from __future__ import annotations
