@@ -110,16 +110,31 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         unterminated=~is_mark & (pl.col("end").is_null() | (pl.col("end") == duration)),
         payload_json=pl.coalesce("jsonText", "json_value"),
     )
-    unnamed = ev.filter(pl.col("domain").is_null()).height
+    unnamed = ev["domain"].null_count()
     if unnamed:
         adapter.note(
             f"{unnamed} NVTX events are in domains whose name was not captured (no domain-create "
             f"event); their domain is null"
         )
-    nesting = nest_ranges(
-        ev.filter((pl.col("style") != "mark") & pl.col("end_global_tid").is_null())
+    # Nesting is computed on the same-thread ranges and written back by row position (a join
+    # on range_id would hash every event once more).
+    nests = ev.select((pl.col("style") != "mark") & pl.col("end_global_tid").is_null()
+                      ).to_series()
+    at = nests.arg_true().to_numpy().astype(np.int64)
+    rows, depth, parent = _nesting(ev.filter(nests))
+    found = np.zeros(ev.height, dtype=bool)
+    found[at[rows]] = True
+    depths = np.zeros(ev.height, dtype=np.int32)
+    depths[at[rows]] = depth
+    parents = np.full(ev.height, -1, dtype=np.int64)
+    parents[at[rows]] = np.where(parent >= 0, at[rows[np.maximum(parent, 0)]], -1)
+    has_parent = parents >= 0
+    ev = ev.with_columns(
+        depth=pl.Series(depths).set(pl.Series(~found), None),  # type: ignore[arg-type]
+        parent_range_id=ev["range_id"].gather(np.maximum(parents, 0)).set(
+            pl.Series(~has_parent), None  # type: ignore[arg-type]
+        ),
     )
-    ev = ev.join(nesting, on="range_id", how="left", maintain_order="left")
     ev = ev.sort("start_ns", "range_id")
     return adapter.finish(ev, schemas.NVTX)
 
@@ -137,7 +152,25 @@ def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
     (the level-by-level window version took one step per nesting level, each with a
     ``.over`` of tens of thousands of groups).
     """
+    rows, depth, parent = _nesting(ranges)
+    ids = ranges["range_id"].cast(pl.Int64).gather(rows)
+    return pl.DataFrame(
+        {
+            "range_id": ids,
+            "depth": pl.Series(depth, dtype=pl.Int32),
+            "parent_range_id": ids.gather(np.maximum(parent, 0)).set(
+                pl.Series(parent < 0), None  # type: ignore[arg-type]
+            ) if len(rows) else ids,
+        }
+    )
+
+
+def _nesting(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`nest_ranges` as arrays: ``rows`` = the positions in ``ranges`` of the ranges with both
+    bounds, in nesting order; ``depth`` and ``parent`` (a position in ``rows``, -1: none) per
+    entry of ``rows``."""
     work = ranges.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
         pl.col("range_id").cast(pl.Int64),
         pl.col("global_tid").cast(pl.Int64).alias("group"),
         pl.col("start_ns").cast(pl.Int64),
@@ -171,13 +204,4 @@ def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:
         up = np.maximum(anc, 0)
         dist = np.where(anc >= 0, dist + dist[up], dist)
         anc = np.where(anc >= 0, anc[up], -1)
-    ids = work["range_id"]
-    return pl.DataFrame(
-        {
-            "range_id": ids,
-            "depth": pl.Series(dist, dtype=pl.Int32),
-            "parent_range_id": ids.gather(np.maximum(parent, 0)).set(
-                pl.Series(parent < 0), None  # type: ignore[arg-type]
-            ) if n else ids,
-        }
-    )
+    return work["row"].to_numpy(), dist, parent
