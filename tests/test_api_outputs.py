@@ -54,3 +54,18 @@ def test_caller_timings_replace_the_analysis_ones(trace_path: Path, tmp_path: Pa
     assert "gaps" in timings and "attribution" not in timings
     # without findings in the analysis, the report still carries them (as write_outputs does)
     assert (out / "findings.json").is_file()
+
+
+def test_a_failure_while_drawing_findings_leaves_no_output(
+    trace_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nsysan.api as api
+
+    def broken(result: object) -> None:
+        raise RuntimeError("findings failed")
+
+    monkeypatch.setattr(api, "_diagnose", broken)
+    with pytest.raises(RuntimeError, match="findings failed"):
+        analyze_to_dir(trace_path, tmp_path)
+    # the tables were being written beside the findings: their temporary directory is gone too
+    assert list(tmp_path.iterdir()) == []
