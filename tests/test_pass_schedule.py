@@ -149,3 +149,14 @@ def test_concurrent_passes_give_the_serial_tables(
         assert table.equals(concurrent.tables[name]), name
     assert serial.metrics == concurrent.metrics
     assert serial.diagnosis.to_dict() == concurrent.diagnosis.to_dict()
+
+
+def test_an_interrupt_inside_a_pass_reaches_the_caller() -> None:
+    def interrupted(trace, params, prior) -> PassResult:
+        raise KeyboardInterrupt
+
+    make = _recording([])
+    specs = [_spec("a", interrupted), _spec("b", make("b"), requires=("a",))]
+    for workers in (1, 2):
+        with pytest.raises(KeyboardInterrupt):
+            run_passes(specs, _trace(), _params(specs), workers)
