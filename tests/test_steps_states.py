@@ -23,8 +23,8 @@ def _trace():
 
 def test_overlap_per_step_rows_equal_with_and_without_the_shared_states(monkeypatch):
     calls = []
-    window_sums = sweeps.window_sums
-    monkeypatch.setattr(sweeps, "window_sums", lambda *a: calls.append(1) or window_sums(*a))
+    run_sums = sweeps.run_sums
+    monkeypatch.setattr(sweeps, "run_sums", lambda *a: calls.append(1) or run_sums(*a))
     trace = _trace()
     res = {"steps": steps.run(trace, steps.StepsParams(), {})}
     assert trace in steps._STATES
@@ -41,3 +41,4 @@ def test_shared_states_are_not_kept_after_analyze():
         trace = _trace()
         analyze(trace, passes=passes, findings=False)
         assert trace not in steps._STATES and trace not in steps._SEGMENTS
+        assert trace not in steps._TOTALS

@@ -65,22 +65,26 @@ def state_instants(events: np.ndarray, shift: int, n_classes: int,
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Packed key and state code (bit i set: class i active) after all events at every
     instant, from sorted events ``key << shift | 2 * class + is_start``."""
-    low = events & ((1 << shift) - 1)
-    cls, delta = (low >> 1).astype(np.uint8), (low & 1) * 2 - 1
+    # Narrow dtypes where the values allow: these passes are bound by memory traffic.
+    # Codes below 2**15 fit in int16, and so does every running sum of toggles (a code).
+    small = np.int16 if n_classes < 15 else np.int64
+    low = (events & ((1 << shift) - 1)).astype(np.uint8 if shift <= 8 else np.int64)
+    cls, is_start = low >> 1, (low & 1).astype(np.int8)
+    delta = 2 * is_start - 1
     # A class's state changes where its count of active intervals goes 0 -> 1 or 1 -> 0. The
     # count is a running sum over that class's events only (deltas sum to zero per group, so
     # it restarts at every group by itself); the code is then one running sum of +-2^class at
     # those toggles. That is one pass over the events, not one per class.
-    toggles = np.zeros(len(events), np.int64)
+    toggles = np.zeros(len(events), small)
     for i in range(n_classes):  # per class, not per event
         idx = np.flatnonzero(cls == i)
         d = delta[idx]
-        on_off = np.cumsum(d) == (d + 1) // 2  # count 1 after a start, 0 after an end
-        toggles[idx[on_off]] = d[on_off] << i
+        on_off = np.cumsum(d, dtype=np.int64) == is_start[idx]  # 1 after a start, 0 after an end
+        toggles[idx[on_off]] = d[on_off].astype(small) << i
     key = events >> shift
     last = np.ones(len(events), bool)  # last event of its instant
     last[:-1] = key[1:] != key[:-1]
-    return key[last], np.cumsum(toggles)[last]
+    return key[last], np.cumsum(toggles, dtype=small)[last].astype(np.int64)
 
 
 def member_concurrency(
@@ -117,16 +121,19 @@ def member_concurrency(
         (keys.pack(0, end).to_numpy() << (1 + bits)) | member,
     ])
     events.sort()
-    is_start = (events >> bits) & 1
+    # Narrow dtypes for the per-event arrays (memory traffic is the cost): a level counts
+    # members, far below 2**31.
+    is_start = ((events >> bits) & 1).astype(np.int8)
     order = stable_order(events & ((1 << bits) - 1), n_members)
-    d = is_start[order] * 2 - 1
+    s_o = is_start[order]
+    d = 2 * s_o - 1
     toggles = np.empty_like(d)
-    toggles[order] = np.where(np.cumsum(d) == is_start[order], d, 0)  # 0 -> 1 or 1 -> 0
-    level = np.cumsum(toggles)
+    toggles[order] = np.where(np.cumsum(d, dtype=np.int64) == s_o, d, 0)  # 0 -> 1 or 1 -> 0
+    level = np.cumsum(toggles, dtype=np.int32)
     key = events >> (1 + bits)
     last = np.ones(len(key), bool)  # last event of its instant
     last[:-1] = key[1:] != key[:-1]
-    key, level = key[last], level[last]
+    key, level = key[last], level[last].astype(np.int64)
     group = key // keys.span
     # Segment [instant, next instant) of the same group, with something active.
     keep = (group[:-1] == group[1:]) & (level[:-1] > 0)
@@ -192,6 +199,159 @@ def window_sums(
         win.select([pl.col(c).gather(w_ids) for c in [*by, window_col]])
         .with_columns(pl.Series(value, values, seg.schema[value]), pl.Series(name, sums))
     )
+
+
+def run_window_sums(
+    segments: pl.DataFrame,
+    windows: pl.DataFrame,
+    group: str,
+    window_col: str,
+    value: str,
+    name: str,
+    start: str = START,
+    end: str = END,
+) -> pl.DataFrame:
+    """`window_sums` of every group of ``segments`` over the same ``windows`` (``window_col,
+    start, end``; no group column): ``group, window_col, value, name``, only positive totals,
+    in no particular order. ``segments`` must come in runs of one ``group`` value each (sorted
+    by group, as `intervals.state_code_segments` returns them), sorted by start and disjoint
+    within a run; ``value`` is a small non-negative integer code; the windows are disjoint."""
+    return run_sums(segments, windows, group, window_col, value, name, start, end)[0]
+
+
+def run_sums(
+    segments: pl.DataFrame,
+    windows: pl.DataFrame,
+    group: str,
+    window_col: str,
+    value: str,
+    name: str,
+    start: str = START,
+    end: str = END,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`run_window_sums` and `run_lengths` of the same segments, in one pass.
+
+    How, per run (a loop over groups such as devices, not over events): the segments that
+    start inside a window are a contiguous range (two binary searches per *window*), so every
+    segment gets its window (or "outside", one cell per run) by one `np.repeat` and adds its
+    whole length to its (run, window, value) cell; summed over a run's windows, those cells
+    are the run's totals. Then two fixes per window: the last segment of a window loses the
+    part past the window end, and the segment running into the window from before adds the
+    part inside. A few passes over the segments in all: no packed keys, no sort, no search per
+    segment.
+    """
+    win = windows.select(window_col, start, end).filter(pl.col(end) > pl.col(start))
+    w_order = np.argsort(win[start].to_numpy(), kind="stable")
+    ws, we = win[start].to_numpy()[w_order], win[end].to_numpy()[w_order]
+    n_win = len(ws)
+    runs = _Runs(segments, group, value, start, end)
+    seg, ss, se, codes, firsts = runs.seg, runs.start, runs.end, runs.codes, runs.firsts
+    n_codes = len(runs.present)
+    per_run = (n_win + 1) * n_codes  # the windows' cells, then the outside cells
+    if len(firsts) * per_run > 8 * seg.height + 4096:  # a sparse table: the generic pieces
+        per_group = seg.select(group).unique().join(win, how="cross")
+        return (window_sums(seg, per_group, [group], window_col, value, name, start, end),
+                run_lengths(seg, group, value, name, start, end))
+    bounds = np.r_[firsts, seg.height].tolist() if seg.height else [0]
+    cells, fix_cell, fix_len = [], [], []
+    w = np.arange(n_win)
+    for g in range(len(bounds) - 1):  # per group, not per event
+        lo, hi = bounds[g], bounds[g + 1]
+        s, e = ss[lo:hi], se[lo:hi]
+        first = np.searchsorted(s, ws, side="left")  # first segment starting in each window
+        stop = np.searchsorted(s, we, side="left")  # one past the last
+        # Cell base of every segment, runs of [outside, window 0, outside, window 1, ...,
+        # outside], and its value.
+        base = g * per_run
+        outside = base + n_win * n_codes
+        runs_of = np.stack([np.full(n_win, outside), base + w * n_codes], 1)
+        sizes = np.stack([first - np.r_[0, stop[:-1]], stop - first], 1)
+        cells.append(np.repeat(np.r_[runs_of.ravel(), outside],
+                               np.r_[sizes.ravel(), len(s) - (stop[-1] if n_win else 0)])
+                     + codes[lo:hi])
+        last = stop - 1
+        cut = (stop > first) & (e[last.clip(0)] > we)  # the last segment runs past the end
+        fix_cell.append(base + w[cut] * n_codes + codes[lo:hi][last[cut]])
+        fix_len.append(we[cut] - e[last[cut]])
+        before = first - 1
+        into = (before >= 0) & (e[before.clip(0)] > ws)  # a segment runs in from before
+        fix_cell.append(base + w[into] * n_codes + codes[lo:hi][before[into]])
+        fix_len.append(np.minimum(e[before[into]], we[into]) - ws[into])
+    n_runs = len(bounds) - 1
+    cell = np.concatenate(cells) if cells else np.zeros(0, np.int64)
+    table = _cell_sums(cell, runs.length, n_runs * per_run)
+    totals = table.reshape(n_runs, n_win + 1, n_codes).sum(axis=1).ravel()
+    if fix_cell:
+        np.add.at(table, np.concatenate(fix_cell), np.concatenate(fix_len))
+    cell = np.flatnonzero(table.reshape(n_runs, n_win + 1, n_codes)[:, :n_win].ravel() > 0)
+    run, rest = np.divmod(cell, n_win * n_codes)
+    wins, values = np.divmod(rest, n_codes)
+    per_window = pl.DataFrame([
+        seg[group].gather(firsts[run]),
+        win[window_col].gather(w_order[wins]),
+        pl.Series(value, runs.present[values], seg.schema[value]),
+        pl.Series(name, table.reshape(n_runs, n_win + 1, n_codes)[:, :n_win].ravel()[cell],
+                  pl.Int64),
+    ])
+    return per_window, _run_table(runs, group, value, name, totals)
+
+
+def run_lengths(segments: pl.DataFrame, group: str, value: str, name: str,
+                start: str = START, end: str = END) -> pl.DataFrame:
+    """`group_lengths` of ``segments`` that come in runs of one ``group`` value each, like
+    `run_window_sums` takes them: ``group, value, name``, only positive totals, in no
+    particular order. One sum into a dense (run, value) table: no group codes to pack."""
+    runs = _Runs(segments, group, value, start, end)
+    n_codes = len(runs.present)
+    run = np.repeat(np.arange(len(runs.firsts)), np.diff(np.r_[runs.firsts, runs.seg.height]))
+    table = _cell_sums(run * n_codes + runs.codes, runs.length, len(runs.firsts) * n_codes)
+    return _run_table(runs, group, value, name, table)
+
+
+def _run_table(runs: _Runs, group: str, value: str, name: str, table: np.ndarray,
+               ) -> pl.DataFrame:
+    """``group, value, name`` of the positive cells of a (run, value code) ``table``."""
+    n_codes = len(runs.present)
+    cell = np.flatnonzero(table > 0)
+    return pl.DataFrame([
+        runs.seg[group].gather(runs.firsts[cell // n_codes]),
+        pl.Series(value, runs.present[cell % n_codes], runs.seg.schema[value]),
+        pl.Series(name, table[cell], pl.Int64),
+    ])
+
+
+class _Runs:
+    """Segments of positive length in runs of one group value each, with their values as
+    dense codes (`run_window_sums`, `run_lengths`)."""
+
+    def __init__(self, segments: pl.DataFrame, group: str, value: str, start: str, end: str,
+                 ) -> None:
+        seg = segments.select(group, start, end, value)
+        ss, se = seg[start].to_numpy(), seg[end].to_numpy()
+        if not np.all(se > ss):  # state segments have positive lengths: checking is cheap
+            seg = seg.filter(pl.col(end) > pl.col(start))
+            ss, se = seg[start].to_numpy(), seg[end].to_numpy()
+        col = seg[group]
+        self.seg, self.start, self.end, self.length = seg, ss, se, se - ss
+        #: first row of every run (row 0 also when there are none)
+        self.firsts = np.flatnonzero(np.r_[True, col[1:].ne_missing(col[:-1]).to_numpy()])
+        # Dense codes of the values present (few: state codes), so the tables stay small.
+        raw = seg[value].to_numpy()
+        self.present = np.flatnonzero(np.bincount(raw)) if len(raw) else np.zeros(1, np.int64)
+        lut = np.zeros(int(self.present[-1]) + 1, np.int64)
+        lut[self.present] = np.arange(len(self.present))
+        self.codes = lut[raw]
+
+
+def _cell_sums(cell: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """Sum of the integer ``weights`` per ``cell`` in ``[0, n)``, exactly, as Int64."""
+    # Float sums are exact while every partial sum stays below 2**53; the lengths of disjoint
+    # segments add up to at most the groups' spans, far below that on any real trace.
+    if float(weights.sum(dtype=np.float64)) < 2.0**52:
+        return np.bincount(cell, weights=weights, minlength=n).astype(np.int64)
+    table = np.zeros(n, np.int64)
+    np.add.at(table, cell, weights)
+    return table
 
 
 def _pair_sums(first: np.ndarray, n_first: int, second: np.ndarray, weights: np.ndarray,

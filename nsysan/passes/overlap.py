@@ -30,6 +30,7 @@ from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.steps import (
     OVERLAP_CLASSES,
     device_segments,
+    device_totals,
     state_has,
     step_states,
     step_windows,
@@ -88,7 +89,7 @@ def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
         iv.state_names(OVERLAP_CLASSES), return_dtype=pl.String
     ).alias("state")
     whole = (
-        sweeps.group_lengths(segs_df, ["device_id"], "state_code", "duration_ns")
+        device_totals(trace, segs_df)
         .select("device_id", label, "duration_ns", pl.lit(None, pl.Int64).alias("step"))
     )
     parts = [whole.lazy()]

@@ -67,11 +67,14 @@ def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | 
 def _step_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """The step (``cpu`` row) whose CPU range holds each ``start`` and whether one does: the
     ranges are sorted and disjoint, so that is a binary search, not a sort and an as-of join."""
-    t = start.fill_null(0).to_numpy()
+    nulls = start.null_count() > 0
+    t = (start.fill_null(0) if nulls else start).to_numpy()
     row = np.searchsorted(cpu["start_ns"].to_numpy(), t, side="right") - 1
-    inside = (row >= 0) & (t < cpu["end_ns"].to_numpy()[row.clip(0)])
-    inside &= start.is_not_null().to_numpy()
-    return cpu["step"].to_numpy()[row.clip(0)], inside
+    row_ = row.clip(0)
+    inside = (row >= 0) & (t < cpu["end_ns"].to_numpy()[row_])
+    if nulls:
+        inside &= start.is_not_null().to_numpy()
+    return cpu["step"].to_numpy()[row_], inside
 
 
 def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
@@ -81,17 +84,20 @@ def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
     ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
     rows = op_link.api_rows(trace)
     if rows is not None:  # every op's call is known: gather the calls, no join
-        linked = rows >= 0
+        # Only the call's process and start decide whether an op counts: gather those two
+        # first, then the thread and the op bounds of the ops that count only.
+        linked = np.flatnonzero(rows >= 0)
         call = pl.Series(rows[linked])
-        pairs = (
-            api.select(pl.col("pid", "global_tid", "start_ns").gather(call))
-            .hstack(ops.filter(pl.Series(linked)).select(
-                pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")))
-            .filter(pl.col("pid") == pid)
-        )
-        step, inside = _step_of(cpu, pairs["start_ns"])
-        return pairs.select(pl.Series("step", step), "global_tid", "_os", "_oe").filter(
-            pl.Series(inside))
+        calls = api.select(pl.col("pid", "start_ns").gather(call))
+        step, inside = _step_of(cpu, calls["start_ns"])
+        inside &= (calls["pid"] == pid).fill_null(False).to_numpy()
+        op_rows = pl.Series(linked[inside])
+        return pl.DataFrame([
+            pl.Series("step", step[inside]),
+            api["global_tid"].gather(call.filter(pl.Series(inside))),
+            ops["start_ns"].gather(op_rows).alias("_os"),
+            ops["end_ns"].gather(op_rows).alias("_oe"),
+        ])
     # Some op key is held by two calls: a join lists every pair.
     calls = api.filter((pl.col("pid") == pid) & pl.col("start_ns").is_not_null()).select(
         "global_tid", "global_pid", "correlation_id", "start_ns"

@@ -78,6 +78,9 @@ _SEGMENTS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] =
 _STATES: weakref.WeakKeyDictionary[
     Trace, tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]] = (
     weakref.WeakKeyDictionary())
+#: trace -> (segments, `device_totals`): found by `step_states` and kept for overlap
+_TOTALS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] = (
+    weakref.WeakKeyDictionary())
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,15 @@ def device_segments(trace: Trace, keep: bool = False) -> pl.DataFrame:
     hit = _SEGMENTS.get(trace) if keep else _SEGMENTS.pop(trace, None)
     if hit is not None and hit[0] is ops:
         return hit[1]
-    segs = _state_segments(ops.lazy().filter(pl.col("start_ns") > 0), ["device_id"]).collect()
+    timed = ops.lazy().filter(pl.col("start_ns") > 0)
+    dev = ops["device_id"]
+    if ops.height and dev.null_count() == 0 and dev.min() == dev.max():
+        # One device (a trace per rank): the sweep without a group key, so no group codes
+        # to pack into the events and map back to device ids for every segment.
+        segs = _state_segments(timed, []).collect().select(
+            pl.lit(dev[0], dev.dtype).alias("device_id"), pl.all())
+    else:
+        segs = _state_segments(timed, ["device_id"]).collect()
     if keep:
         _SEGMENTS[trace] = (ops, segs)
     return segs
@@ -156,19 +167,34 @@ def step_states(trace: Trace, segs: pl.DataFrame, windows: pl.DataFrame,
     hit = _STATES.get(trace) if keep else _STATES.pop(trace, None)
     if hit is not None and hit[0] is ops and hit[1] is segs and hit[2].equals(windows):
         return hit[3]
-    per_device = segs.select(pl.col("device_id").unique()).join(windows, how="cross")
-    states = sweeps.window_sums(segs, per_device, ["device_id"], "step", "state_code",
-                                "duration_ns")
+    # The segments come grouped by device and sorted by start: a sweep per device run, which
+    # also gives every device's totals (`device_totals`) on the way.
+    states, totals = sweeps.run_sums(segs, windows, "device_id", "step", "state_code",
+                                     "duration_ns")
     if keep:
         _STATES[trace] = (ops, segs, windows, states)
+        _TOTALS[trace] = (segs, totals)
     return states
 
 
+def device_totals(trace: Trace, segs: pl.DataFrame, keep: bool = False) -> pl.DataFrame:
+    """``device_id, state_code, duration_ns``: the time of every overlap state of every device
+    over its whole span (``segs``: `device_segments`), positive times only.
+
+    `step_states` finds them on the way; the steps pass reads them with ``keep`` and the
+    overlap pass takes them over, like `device_segments`. Served only for the same segments."""
+    hit = _TOTALS.get(trace) if keep else _TOTALS.pop(trace, None)
+    if hit is not None and hit[0] is segs:
+        return hit[1]
+    return sweeps.run_lengths(segs, "device_id", "state_code", "duration_ns")
+
+
 def forget_segments(trace: Trace) -> None:
-    """Drop the kept `device_segments` and `step_states` of ``trace`` (when the overlap pass
-    did not run)."""
+    """Drop the kept `device_segments`, `step_states` and `device_totals` of ``trace`` (when
+    the overlap pass did not run)."""
     _SEGMENTS.pop(trace, None)
     _STATES.pop(trace, None)
+    _TOTALS.pop(trace, None)
 
 
 def primary_device(ops: pl.DataFrame) -> int | None:
@@ -178,15 +204,19 @@ def primary_device(ops: pl.DataFrame) -> int | None:
     )
 
 
-def _primary_of_segments(ops: pl.DataFrame, segs: pl.DataFrame) -> int | None:
-    """`primary_device` of the timed ``ops`` from their `device_segments` ``segs``: where
-    every op has an overlap class, a device's busy time is the time of its non-idle states."""
-    if not ops["op_class"].is_in(list(_CLASS_OF)).fill_null(False).all():
-        return primary_device(ops)
+def _primary_of_segments(trace: Trace, segs: pl.DataFrame) -> int | None:
+    """`primary_device` of the timed ops of ``trace`` from their `device_segments` ``segs``:
+    where every op has an overlap class, a device's busy time is the time of its non-idle
+    states (`device_totals`)."""
+    ops = trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
+    classified = ops.select(pl.col("op_class").is_in(list(_CLASS_OF)).fill_null(False).all())
+    if not classified.collect().item():
+        return primary_device(ops.select("device_id", "start_ns", "end_ns").collect())
     return _most_busy(
-        segs.filter(pl.col("state_code") != 0)
+        device_totals(trace, segs, keep=True)
+        .filter(pl.col("state_code") != 0)
         .group_by("device_id")
-        .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("busy_ns"))
+        .agg(pl.col("duration_ns").sum().alias("busy_ns"))
     )
 
 
@@ -303,13 +333,11 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
         return PassResult(tables={"steps": schemas.empty(schemas.STEPS)}, metrics=metrics)
 
     segs = device_segments(trace, keep=True)
-    if "steps_device_id" not in metrics:  # periodicity names the device it used
-        busy_ops = ops.select("device_id", "op_class", "start_ns", "end_ns").collect()
-        metrics["steps_device_id"] = (
-            _primary_of_segments(busy_ops, segs) if not busy_ops.is_empty() else None
-        )
-    dev = metrics["steps_device_id"]
+    # The states first: the primary device's busy time comes with them.
     states = step_states(trace, segs, windows.select("step", "start_ns", "end_ns"), keep=True)
+    if "steps_device_id" not in metrics:  # periodicity names the device it used
+        metrics["steps_device_id"] = _primary_of_segments(trace, segs)
+    dev = metrics["steps_device_id"]
     mine = states.filter(pl.col("device_id") == dev) if dev is not None else states.clear()
     per_step = _metric_sums(mine, "step", "duration_ns").lazy()
     dur = pl.col("end_ns") - pl.col("start_ns")
