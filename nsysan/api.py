@@ -138,13 +138,13 @@ def analyze(
 def _run_passes(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
-    passes: Iterable[str] | None,
-    settings: Mapping[str, str] | None,
-    samples_per_step: float | None,
-    tokens_per_step: float | None,
-    nsys: str | None,
-    findings: bool,
-    hash_inputs: bool,
+    passes: Iterable[str] | None = None,
+    settings: Mapping[str, str] | None = None,
+    samples_per_step: float | None = None,
+    tokens_per_step: float | None = None,
+    nsys: str | None = None,
+    findings: bool = True,
+    hash_inputs: bool = False,
 ) -> AnalysisResult:
     """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
     specs = registry.resolve(passes)
@@ -289,8 +289,6 @@ def analyze_to_dir(
     """
     kwargs.setdefault("hash_inputs", True)
     findings = kwargs.pop("findings", True)
-    result = _run_passes(path_or_trace, findings=findings, **{
-        "passes": None, "settings": None, "samples_per_step": None, "tokens_per_step": None,
-        "nsys": None, **kwargs})
+    result = _run_passes(path_or_trace, findings=findings, **kwargs)
     result.timings_s.update(timings_s or {})
     return result, _write_outputs(result, out_dir, diagnose=findings)

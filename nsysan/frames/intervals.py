@@ -30,10 +30,6 @@ START = "start_ns"
 END = "end_ns"
 
 
-def _over(expr: pl.Expr, by: Sequence[str]) -> pl.Expr:
-    return expr.over(list(by)) if by else expr
-
-
 def _last_at_or_before(sorted_keys: pl.Series, keys: pl.Series, strict: bool = False,
                        ) -> pl.Series:
     """Row of the last of ``sorted_keys`` <= each of ``keys`` (< when ``strict``); -1: none.

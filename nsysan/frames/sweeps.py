@@ -201,24 +201,6 @@ def window_sums(
     )
 
 
-def run_window_sums(
-    segments: pl.DataFrame,
-    windows: pl.DataFrame,
-    group: str,
-    window_col: str,
-    value: str,
-    name: str,
-    start: str = START,
-    end: str = END,
-) -> pl.DataFrame:
-    """`window_sums` of every group of ``segments`` over the same ``windows`` (``window_col,
-    start, end``; no group column): ``group, window_col, value, name``, only positive totals,
-    in no particular order. ``segments`` must come in runs of one ``group`` value each (sorted
-    by group, as `intervals.state_code_segments` returns them), sorted by start and disjoint
-    within a run; ``value`` is a small non-negative integer code; the windows are disjoint."""
-    return run_sums(segments, windows, group, window_col, value, name, start, end)[0]
-
-
 def run_sums(
     segments: pl.DataFrame,
     windows: pl.DataFrame,
@@ -229,7 +211,12 @@ def run_sums(
     start: str = START,
     end: str = END,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """`run_window_sums` and `run_lengths` of the same segments, in one pass.
+    """`window_sums` of every group of ``segments`` over the same ``windows`` (``window_col,
+    start, end``; no group column): ``group, window_col, value, name``, only positive totals,
+    in no particular order; and their `run_lengths`, in one pass. ``segments`` must come in
+    runs of one ``group`` value each (sorted by group, as `intervals.state_code_segments`
+    returns them), sorted by start and disjoint within a run; ``value`` is a small
+    non-negative integer code; the windows are disjoint.
 
     How, per run (a loop over groups such as devices, not over events): the segments that
     start inside a window are a contiguous range (two binary searches per *window*), so every
@@ -299,7 +286,7 @@ def run_sums(
 def run_lengths(segments: pl.DataFrame, group: str, value: str, name: str,
                 start: str = START, end: str = END) -> pl.DataFrame:
     """`group_lengths` of ``segments`` that come in runs of one ``group`` value each, like
-    `run_window_sums` takes them: ``group, value, name``, only positive totals, in no
+    `run_sums` takes them: ``group, value, name``, only positive totals, in no
     particular order. One sum into a dense (run, value) table: no group codes to pack."""
     runs = _Runs(segments, group, value, start, end)
     n_codes = len(runs.present)
@@ -322,7 +309,7 @@ def _run_table(runs: _Runs, group: str, value: str, name: str, table: np.ndarray
 
 class _Runs:
     """Segments of positive length in runs of one group value each, with their values as
-    dense codes (`run_window_sums`, `run_lengths`)."""
+    dense codes (`run_sums`, `run_lengths`)."""
 
     def __init__(self, segments: pl.DataFrame, group: str, value: str, start: str, end: str,
                  ) -> None:
