@@ -91,7 +91,15 @@ def _short_gaps_by_definition(ctx: Context) -> pl.DataFrame:
             .filter(pl.col("duration_ns") < ctx.params.short_gap_max_ns))
     w = ctx.window
     gaps = gaps.filter((pl.col("start_ns") >= w[0]) & (pl.col("end_ns") <= w[1]))
-    gaps = ctx._tag_blocked(gaps.sort("start_ns"))
+    gaps = gaps.sort("start_ns")
+    # in a blocking call: a backward as-of join on the call unions' starts, per device
+    for name, calls in zip(("_in_sync", "_in_copy"), ctx._blocking_calls, strict=True):
+        calls = calls.lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
+        gaps = (gaps.join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
+                               strategy="backward", check_sortedness=False)
+                .with_columns((pl.col("_ce").is_not_null()
+                               & (pl.col("start_ns") < pl.col("_ce"))).alias(name))
+                .drop(["_cs", "_ce"]))
     ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
     launch = (ops.lazy().join(ends, on=["device_id", "start_ns"], how="semi")
               .join(api.lazy().select(["global_pid", "correlation_id",
@@ -130,3 +138,37 @@ def test_exposed_ns_matches_the_definition(name: str) -> None:
         subset["device_id"].unique().implode())), by=["device_id"]).collect()
     want = int(both["busy_ns"].sum()) - int(comp["busy_ns"].sum())
     assert ctx.exposed_ns(subset) == want
+
+
+def _starts_inside_by_asof(df: pl.DataFrame, blocks: pl.DataFrame) -> list[bool]:
+    """The as-of join formulation `starts_inside` replaced."""
+    calls = blocks.sort("start_ns").lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
+    j = (df.lazy().join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
+                             strategy="backward", check_sortedness=False)
+         .select(pl.col("_ce").is_not_null() & (pl.col("start_ns") < pl.col("_ce"))).collect())
+    return j.to_series().to_list()
+
+
+@settings(max_examples=200, deadline=None)
+@given(intervals_st, st.lists(st.tuples(st.sampled_from([0, 1, 2, None]), st.integers(-5, 260)),
+                              max_size=30))
+def test_starts_inside_is_the_asof_join(rows, starts) -> None:
+    blocks = intervals.union(_frame(rows), by=["device_id"]).collect()
+    df = pl.DataFrame(sorted(starts, key=lambda r: r[1]), orient="row",
+                      schema={"device_id": pl.Int64, "start_ns": pl.Int64})
+    got = streams.starts_inside(df, blocks).tolist()
+    assert got == _starts_inside_by_asof(df, blocks)
+
+
+def test_starts_inside_edges() -> None:
+    blocks = _frame([(0, 10, 20), (0, 30, 40), (None, 0, 100), (1, 5, 6)])
+    df = pl.DataFrame({"device_id": [0, 0, 0, 0, 0, None, 1, 1, 2],
+                       "start_ns": [9, 10, 19, 20, 30, 50, 5, 6, 15]},
+                      schema={"device_id": pl.Int64, "start_ns": pl.Int64})
+    # a start at a block's start is inside, at its end is not; a null device meets nothing
+    want = [False, True, True, False, True, False, True, False, False]
+    assert streams.starts_inside(df, blocks).tolist() == want
+    assert _starts_inside_by_asof(df, blocks) == want
+    assert streams.starts_inside(df.clear(), blocks).tolist() == []
+    assert streams.starts_inside(df, blocks.clear()).tolist() == [False] * df.height
+    assert streams.starts_inside(df.head(1), blocks.tail(1)).tolist() == [False]

@@ -192,7 +192,7 @@ class Context:
                                        & (pl.col("duration_ns") >= self.params.short_gap_max_ns)))
         cat = pl.col("cause").replace_strict(CAUSE_CATEGORY, default="other")
         if self.trace.has("gpu_ops") and self.trace.has("cuda_api") and g.height:
-            g = self._tag_blocked(g.sort("start_ns").lazy()).collect()
+            g = self._tag_blocked(g.sort("start_ns"))
             unexplained = pl.col("cause") == "no_cuda_activity"
             cat = (pl.when(unexplained & pl.col("_in_sync")).then(pl.lit("sync"))
                    .when(unexplained & pl.col("_in_copy")).then(pl.lit("copy")).otherwise(cat))
@@ -216,17 +216,11 @@ class Context:
                                intervals.union(copies, by=["device_id"])])
         return s.sort("start_ns"), c.sort("start_ns")
 
-    def _tag_blocked(self, gaps: pl.LazyFrame) -> pl.LazyFrame:
+    def _tag_blocked(self, gaps: pl.DataFrame) -> pl.DataFrame:
         """Add ``_in_sync`` / ``_in_copy``: the gap starts inside a blocking host call."""
         syncs, copies = self._blocking_calls
-        for name, calls in (("_in_sync", syncs), ("_in_copy", copies)):
-            calls = calls.lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
-            gaps = (gaps.join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
-                                   strategy="backward", check_sortedness=False)
-                    .with_columns((pl.col("_ce").is_not_null()
-                                   & (pl.col("start_ns") < pl.col("_ce"))).alias(name))
-                    .drop(["_cs", "_ce"]))
-        return gaps
+        return gaps.with_columns(pl.Series("_in_sync", streams.starts_inside(gaps, syncs)),
+                                 pl.Series("_in_copy", streams.starts_inside(gaps, copies)))
 
     @cached_property
     def short_gaps(self) -> pl.DataFrame:
@@ -242,7 +236,7 @@ class Context:
         win = self.window
         if win is not None:
             gaps = gaps.filter((pl.col("start_ns") >= win[0]) & (pl.col("end_ns") <= win[1]))
-        tagged = self._tag_blocked(gaps.sort("start_ns")).collect()
+        tagged = self._tag_blocked(gaps.sort("start_ns").collect())
         # Only gaps that are neither sync nor copy need the launch test, so the launch calls
         # are looked up for those alone (a fraction of them on traces full of synchronous
         # copies) and scattered back into place.
