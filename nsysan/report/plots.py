@@ -58,23 +58,55 @@ def _coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.nda
     return np.diff(covered_before(starts, ends, edges)) / np.maximum(np.diff(edges), 1)
 
 
+def _covered_by_both(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray,
+                     t: np.ndarray) -> np.ndarray:
+    """Length of A ∪ B before each instant of ``t``, for two sets of sorted disjoint blocks:
+    |A before t| + |B before t| − |A ∩ B before t|, where A's part of B is, per block of B,
+    a difference of A's prefix sums (integers: exactly the covered length of the union of
+    the ops of A and of B, without another union of them)."""
+    in_b = covered_before(a_s, a_e, b_e) - covered_before(a_s, a_e, b_s)  # |A ∩ B block|
+    cum = np.concatenate([[0], np.cumsum(in_b)])
+    idx = np.searchsorted(b_s, t, side="right") - 1
+    i = np.clip(idx, 0, None)
+    if b_s.size:
+        part = covered_before(a_s, a_e, np.minimum(t, b_e[i])) - covered_before(a_s, a_e, b_s[i])
+        both = np.where(idx >= 0, cum[i] + part, 0)
+    else:
+        both = np.zeros(t.shape, np.int64)
+    return covered_before(a_s, a_e, t) + covered_before(b_s, b_e, t) - both
+
+
+def _present_classes(op_classes: pl.Series) -> set[str | None]:
+    """The distinct ``op_classes``, any other value (or null) as `device_blocks.OTHER`."""
+    known = set(OVERLAP_CLASS_OF_OP_CLASS)
+    return {c if c in known else device_blocks.OTHER for c in op_classes.to_list()}
+
+
 def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                      window: tuple[int, int] | None = None,
                      n_bins: int = 600) -> list[DeviceTimeline]:
     """Binned per-device activity from gpu_ops (and gaps / steps tables when present)."""
     if not trace.has("gpu_ops") or trace.gpu_ops.is_empty():
         return []
-    spans = (trace.gpu_ops.lazy().filter(pl.col("start_ns") > 0)
-             .group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-             .collect())
+    ops = trace.gpu_ops.lazy()
+    spans, classes = pl.collect_all([  # (side by side in polars' threads)
+        ops.filter(pl.col("start_ns") > 0)
+        .group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max()),
+        ops.select(pl.col("op_class").unique())])
     # Every union is cut from the GPU ops that the gaps pass sorted already (device_blocks):
-    # the busy union (which the findings' short-gap classification used too), one per class
-    # (an op_class outside the overlap classes counts as compute), compute ∪ nccl.
-    of_cls = {c: [op for op, k in OVERLAP_CLASS_OF_OP_CLASS.items() if k == c] for c in CLASSES}
-    of_cls["compute"].append(device_blocks.OTHER)
-    per_cls = {c: device_blocks.blocks(trace, ops, keep=False) for c, ops in of_cls.items()}
+    # the busy union (which the findings' short-gap classification used too) and one per
+    # class (an op_class outside the overlap classes counts as compute); compute ∪ nccl is
+    # measured from the compute and nccl blocks (`_covered_by_both`), not cut again.
+    # Only the classes present are cut (an absent class has no lane); without an op of any
+    # other class the compute lane is the compute union the nccl pass memoised already.
+    present = _present_classes(classes.to_series())
+    of_cls = {c: [op for op, k in OVERLAP_CLASS_OF_OP_CLASS.items() if k == c and op in present]
+              for c in CLASSES}
+    if device_blocks.OTHER in present:
+        of_cls["compute"].append(device_blocks.OTHER)
+    per_cls = {c: device_blocks.blocks(trace, sel, keep=False)
+               for c, sel in of_cls.items() if sel}
     busy = device_blocks.blocks(trace)
-    nc = device_blocks.blocks(trace, [*of_cls["compute"], *of_cls["nccl"]], keep=False)
     gaps = tables.get("gaps")
     steps = tables.get("steps")
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
@@ -87,11 +119,15 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
 
         # (a null device id gets no blocks: the equality filter this replaces matched none)
         mine = {c: b.of(dev) if dev is not None else (np.zeros(0), np.zeros(0))
-                for c, b in [*per_cls.items(), ("busy", busy), ("nc", nc)]}
+                for c, b in [*per_cls.items(), ("busy", busy)]}
         lanes = {c: _coverage(*mine[c], edges) for c in per_cls if mine[c][0].size}
         b = _coverage(*mine["busy"], edges)
         if "nccl" in lanes:
-            nc_share = _coverage(*mine["nc"], edges)
+            # the share of compute ∪ nccl, the lane's (exposed: the part compute leaves)
+            none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            nc_share = (np.diff(_covered_by_both(*mine.get("compute", none), *mine["nccl"],
+                                                 edges))
+                        / np.maximum(np.diff(edges), 1))
             lanes["exposed nccl"] = np.clip(nc_share - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
