@@ -4,18 +4,22 @@ the compute and nccl blocks equals the union of those ops, and only present clas
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import polars as pl
 from findings_cases import scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsysan.findings.evidence import fmt_frac, fmt_ns
 from nsysan.frames import intervals
 from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks
 from nsysan.passes.device_blocks import covered_before
 from nsysan.report import plots
+from nsysan.report.plots import DeviceTimeline
 
 blocks_st = st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)).map(
     lambda t: (t[0], t[0] + t[1])), max_size=20)
@@ -102,3 +106,84 @@ def test_lanes_match_the_definition_on_scenarios() -> None:
         got = [{k: v.tolist() for k, v in tl.lanes.items()}
                for tl in plots.device_timelines(tr, {})]
         assert got == _lanes_by_definition(tr), name
+
+
+# ---------------------------------------------------------------------------------------------
+def _svg_timeline_by_definition(tl: DeviceTimeline, width: int = 1000) -> str:
+    """The SVG timeline as first written: every number formatted where it is printed."""
+    lanes = list(tl.lanes)
+    top_h, lane_h = 120, 14
+    h = top_h + lane_h * len(lanes) + 24
+    t0, t1 = int(tl.edges[0]), int(tl.edges[-1])
+    scale = width / max(t1 - t0, 1)
+    bw = width / (tl.edges.size - 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 90}" height="{h}" '
+           f'class="tl"><g transform="translate(90,0)">']
+    # Each share is formatted once (the tooltips of the busy bars and of the lane cells repeat
+    # them), from plain floats: numpy scalars cost more per operation.
+    shares = {n: tl.lanes[n].tolist() for n in lanes}
+    texts = {n: [fmt_frac(v) for v in shares[n]] for n in lanes}
+    secs = (tl.edges / 1e9).tolist()
+    busy = tl.busy.tolist()
+    n_bins = tl.edges.size - 1
+    tips = ([", ".join(parts) for parts in zip(*([f"{n} {t}" for t in texts[n]] for n in lanes),
+                                                strict=True)]
+            if lanes else [""] * n_bins)
+    for i in range(n_bins):  # one rect per bin (bounded by n_bins), not per event
+        bh = top_h * busy[i]
+        out.append(f'<rect x="{i * bw:.2f}" y="{top_h - bh:.2f}" width="{bw + 0.3:.2f}" '
+                   f'height="{bh:.2f}" fill="{plots._COLORS["compute"]}" fill-opacity="0.55">'
+                   f'<title>{secs[i]:.6f} s: busy {fmt_frac(busy[i])}; '
+                   f'{html.escape(tips[i])}</title></rect>')
+    for s, e, d, cause, detail in tl.gaps.iter_rows():
+        x = (s - t0) * scale
+        out.append(f'<rect x="{x:.2f}" y="0" width="{max((e - s) * scale, 1):.2f}" '
+                   f'height="{top_h}" fill="#e53935" fill-opacity="0.3"><title>gap '
+                   f'{s / 1e9:.6f} s, {fmt_ns(d)}: {html.escape(str(cause))} '
+                   f'{html.escape(str(detail or ""))}</title></rect>')
+    for j, n in enumerate(lanes):
+        y = top_h + 4 + j * lane_h
+        out.append(f'<text x="-4" y="{y + 10}" text-anchor="end" font-size="10">'
+                   f'{html.escape(n)}</text>')
+        color = plots._COLORS.get(n, "#555")
+        for i, (v, text) in enumerate(zip(shares[n], texts[n], strict=True)):
+            if v > 0.005:
+                out.append(f'<rect x="{i * bw:.2f}" y="{y}" width="{bw + 0.3:.2f}" '
+                           f'height="{lane_h - 2}" fill="{color}" fill-opacity="{min(v, 1):.2f}">'
+                           f'<title>{n}: {text} of {secs[i]:.6f} s bin</title></rect>')
+    out.append(f'<text x="0" y="{h - 4}" font-size="10">{t0 / 1e9:.3f} s</text>'
+               f'<text x="{width}" y="{h - 4}" font-size="10" text-anchor="end">'
+               f'{t1 / 1e9:.3f} s</text></g></svg>')
+    return "".join(out)
+
+
+def _timeline(lanes: dict[str, list[float]], busy: list[float],
+              gaps: pl.DataFrame | None = None) -> DeviceTimeline:
+    n = len(busy)
+    edges = np.linspace(1_000_000, 9_000_000, n + 1).round().astype(np.int64)
+    g = gaps if gaps is not None else pl.DataFrame(
+        schema={"start_ns": pl.Int64, "end_ns": pl.Int64, "duration_ns": pl.Int64,
+                "cause": pl.String, "cause_detail": pl.String})
+    return DeviceTimeline(0, edges, np.array(busy, dtype=float),
+                          {k: np.array(v, dtype=float) for k, v in lanes.items()}, g)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 0.5, 0.004, 0.0051, 1e-5, 0.333333,
+                                 float("nan"), 1.2]), min_size=1, max_size=40),
+       st.integers(0, 3))
+def test_svg_timeline_is_the_definition(values: list[float], n_lanes: int) -> None:
+    names = ["compute", "nccl", "exposed nccl", "odd <&> lane"][:n_lanes]
+    lanes = {nm: values[k:] + values[:k] for k, nm in enumerate(names)}
+    tl = _timeline(lanes, values[::-1])
+    assert plots._svg_timeline(tl) == _svg_timeline_by_definition(tl)
+
+
+def test_svg_timeline_is_the_definition_on_a_scenario() -> None:
+    tr, res = scenario("starved_input")
+    gaps = res["gaps"].tables["gaps"] if "gaps" in res else None
+    tls = plots.device_timelines(tr, {"gaps": gaps} if gaps is not None else {})
+    assert tls
+    for tl in tls:
+        assert plots._svg_timeline(tl) == _svg_timeline_by_definition(tl)
+    assert plots._fracs(np.array([0.0, -0.0, 0.0])) == ["0.0%", "-0.0%", "0.0%"]

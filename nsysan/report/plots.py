@@ -173,6 +173,15 @@ def layers_png(layers: pl.DataFrame, path: Path, top: int = 15) -> Path:
 # ---------------------------------------------------------------------------------------------
 # HTML (inline SVG, hover titles)
 # ---------------------------------------------------------------------------------------------
+def _fracs(values: np.ndarray) -> list[str]:
+    """`fmt_frac` of each value, every distinct value formatted once (most bins of a lane
+    share a few values: 0, 1); distinct by bit pattern, as -0.0 prints differently."""
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
+    uniq, inv = np.unique(bits, return_inverse=True)
+    texts = [fmt_frac(v) for v in uniq.view(np.float64).tolist()]
+    return [texts[k] for k in inv.ravel().tolist()]
+
+
 def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
     lanes = list(tl.lanes)
     top_h, lane_h = 120, 14
@@ -180,23 +189,28 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
     t0, t1 = int(tl.edges[0]), int(tl.edges[-1])
     scale = width / max(t1 - t0, 1)
     bw = width / (tl.edges.size - 1)
+    n_bins = tl.edges.size - 1
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 90}" height="{h}" '
            f'class="tl"><g transform="translate(90,0)">']
-    # Each share is formatted once (the tooltips of the busy bars and of the lane cells repeat
-    # them), from plain floats: numpy scalars cost more per operation.
+    # What the bars of every row share is formatted once per bin (x, the bin's time) or once
+    # (the width), and each share once per distinct value: the busy bars' tooltips repeat
+    # every lane's shares, and the lane cells repeat them again.
+    xs = [f"{i * bw:.2f}" for i in range(n_bins)]
+    secs = [f"{s:.6f}" for s in (tl.edges[:n_bins] / 1e9).tolist()]
+    bar_w = f"{bw + 0.3:.2f}"
     shares = {n: tl.lanes[n].tolist() for n in lanes}
-    texts = {n: [fmt_frac(v) for v in shares[n]] for n in lanes}
-    secs = (tl.edges / 1e9).tolist()
+    texts = {n: _fracs(tl.lanes[n]) for n in lanes}
     busy = tl.busy.tolist()
-    n_bins = tl.edges.size - 1
+    busy_texts = _fracs(tl.busy)
     tips = ([", ".join(parts) for parts in zip(*([f"{n} {t}" for t in texts[n]] for n in lanes),
                                                 strict=True)]
             if lanes else [""] * n_bins)
+    fill = _COLORS["compute"]
     for i in range(n_bins):  # one rect per bin (bounded by n_bins), not per event
         bh = top_h * busy[i]
-        out.append(f'<rect x="{i * bw:.2f}" y="{top_h - bh:.2f}" width="{bw + 0.3:.2f}" '
-                   f'height="{bh:.2f}" fill="{_COLORS["compute"]}" fill-opacity="0.55">'
-                   f'<title>{secs[i]:.6f} s: busy {fmt_frac(busy[i])}; '
+        out.append(f'<rect x="{xs[i]}" y="{top_h - bh:.2f}" width="{bar_w}" '
+                   f'height="{bh:.2f}" fill="{fill}" fill-opacity="0.55">'
+                   f'<title>{secs[i]} s: busy {busy_texts[i]}; '
                    f'{html.escape(tips[i])}</title></rect>')
     for s, e, d, cause, detail in tl.gaps.iter_rows():
         x = (s - t0) * scale
@@ -208,12 +222,11 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
         y = top_h + 4 + j * lane_h
         out.append(f'<text x="-4" y="{y + 10}" text-anchor="end" font-size="10">'
                    f'{html.escape(n)}</text>')
-        color = _COLORS.get(n, "#555")
+        head = f'" y="{y}" width="{bar_w}" height="{lane_h - 2}" fill="{_COLORS.get(n, "#555")}"'
         for i, (v, text) in enumerate(zip(shares[n], texts[n], strict=True)):
             if v > 0.005:
-                out.append(f'<rect x="{i * bw:.2f}" y="{y}" width="{bw + 0.3:.2f}" '
-                           f'height="{lane_h - 2}" fill="{color}" fill-opacity="{min(v, 1):.2f}">'
-                           f'<title>{n}: {text} of {secs[i]:.6f} s bin</title></rect>')
+                out.append(f'<rect x="{xs[i]}{head} fill-opacity="{min(v, 1):.2f}">'
+                           f'<title>{n}: {text} of {secs[i]} s bin</title></rect>')
     out.append(f'<text x="0" y="{h - 4}" font-size="10">{t0 / 1e9:.3f} s</text>'
                f'<text x="{width}" y="{h - 4}" font-size="10" text-anchor="end">'
                f'{t1 / 1e9:.3f} s</text></g></svg>')
