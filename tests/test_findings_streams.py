@@ -172,3 +172,38 @@ def test_starts_inside_edges() -> None:
     assert streams.starts_inside(df.clear(), blocks).tolist() == []
     assert streams.starts_inside(df, blocks.clear()).tolist() == [False] * df.height
     assert streams.starts_inside(df.head(1), blocks.tail(1)).tolist() == [False]
+
+
+def _min_at_by_join(keys: pl.Series, at: pl.Series, values: pl.Series) -> list:
+    """The group-by + left join `min_at` replaced."""
+    first = (pl.DataFrame({"_at": at, "_v": values}).group_by("_at").agg(pl.col("_v").min()))
+    return (keys.alias("_at").to_frame().join(first, on="_at", how="left",
+                                              maintain_order="left")["_v"].to_list())
+
+
+opt_int = st.one_of(st.none(), st.integers(0, 12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(opt_int, max_size=12), st.lists(st.tuples(opt_int, opt_int), max_size=25))
+def test_min_at_is_group_min_left_joined(keys, rows) -> None:
+    k = pl.Series("k", keys, pl.Int64)
+    at = pl.Series("at", [r[0] for r in rows], pl.Int64)
+    v = pl.Series("_api_end", [r[1] for r in rows], pl.Int64)
+    got = streams.min_at(k, at, v)
+    assert got.dtype == pl.Int64 and got.len() == len(keys)
+    assert got.to_list() == _min_at_by_join(k, at, v)
+
+
+def test_min_at_edges() -> None:
+    i64 = pl.Int64
+    empty = pl.Series([], dtype=i64)
+    assert streams.min_at(empty, pl.Series([1, 2], dtype=i64),
+                          pl.Series([3, 4], dtype=i64)).to_list() == []
+    assert streams.min_at(pl.Series([5, 1], dtype=i64), empty, empty).to_list() == [None, None]
+    # duplicate keys, ties, several rows per key, a null key, a key seen only with nulls
+    keys = pl.Series([7, 3, 7, None, 9], dtype=i64)
+    at = pl.Series([7, 7, 3, 9, None, 7], dtype=i64)
+    v = pl.Series([40, 30, 5, None, 1, 30], dtype=i64)
+    assert streams.min_at(keys, at, v).to_list() == [30, 5, 30, None, None]
+    assert _min_at_by_join(keys, at, v) == [30, 5, 30, None, None]

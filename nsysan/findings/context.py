@@ -277,17 +277,16 @@ class Context:
                    .filter(at_end).drop_nulls())  # an equi-join never matches nulls
         at = Keys([ops, ends], ["device_id"], ["start_ns"])
         end_key = at.pack(1, "start_ns").alias("_at")
+        if rows is not None:  # the earliest return per end key: a binary search per op
+            return streams.min_at(end_key, at.pack(0, "start_ns"), ops["_api_end"])
         ops = (ops.with_columns(at.pack(0, "start_ns").alias("_at"))
                .join(end_key.to_frame(), on="_at", how="semi"))  # only ops that end a gap
-        if rows is not None:
-            first_return = ops.group_by("_at").agg(pl.col("_api_end").min())
-        else:
-            first_return = (
-                join_on_op(ops.lazy().select(["_at", *OP_KEY]),
-                           api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
-                           [ops, api])
-                .group_by("_at").agg(pl.col("_api_end").min()).collect()
-            )
+        first_return = (
+            join_on_op(ops.lazy().select(["_at", *OP_KEY]),
+                       api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
+                       [ops, api])
+            .group_by("_at").agg(pl.col("_api_end").min()).collect()
+        )
         # a gap with a null device gets group code 0, which no (non-null) op has: no match
         return (end_key.to_frame().join(first_return, on="_at", how="left",
                                         maintain_order="left")["_api_end"])

@@ -21,7 +21,7 @@ from nsysan.passes import device_blocks, op_link
 from nsysan.passes.device_blocks import covered_before, gaps_between
 
 __all__ = ["busy_blocks", "compute_blocks", "covered_before", "forget", "gaps_between",
-           "starts_inside", "uncovered_ns"]
+           "min_at", "starts_inside", "uncovered_ns"]
 
 
 def forget(trace: Trace) -> None:
@@ -85,3 +85,33 @@ def starts_inside(df: pl.DataFrame, blocks: pl.DataFrame) -> np.ndarray:
             return inside
         out[rows] = inside
     return out
+
+
+
+def min_at(keys: pl.Series, at: pl.Series, values: pl.Series) -> pl.Series:
+    """For every one of the Int64 ``keys``, the least of the Int64 ``values`` at the rows where
+    ``at`` equals it (null when none; null values are ignored, a null key or ``at`` matches
+    nothing), in the order of ``keys``: what ``group_by(at).min()`` left-joined on ``keys``
+    gives.
+
+    One binary search per row of ``at`` among the sorted keys and an unbuffered minimum
+    (``np.minimum.at``), instead of a group-by and a join of hashed keys."""
+    ok = (values.is_not_null() & at.is_not_null()).to_numpy()
+    a, v = at.fill_null(0).to_numpy()[ok], values.fill_null(0).to_numpy()[ok]
+    k = keys.fill_null(0).to_numpy()
+    order = np.argsort(k, kind="stable")
+    sk = k[order]
+    pos = np.searchsorted(sk, a)
+    hit = pos < sk.size
+    hit[hit] = sk[pos[hit]] == a[hit]
+    least = np.full(sk.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(least, pos[hit], v[hit])
+    found = np.zeros(sk.size, bool)
+    found[pos[hit]] = True
+    # the search lands on the first of equal keys: the others take its answer
+    first = np.searchsorted(sk, sk)
+    out, has = np.empty_like(least), np.empty_like(found)
+    out[order], has[order] = least[first], found[first]
+    has &= keys.is_not_null().to_numpy()
+    res = pl.Series(values.name, out, pl.Int64)
+    return res.scatter(np.flatnonzero(~has), None) if not has.all() else res
