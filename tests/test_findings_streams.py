@@ -5,6 +5,8 @@ short-gap launch test finds the earliest launch return of the ops that end each 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pytest
@@ -207,3 +209,17 @@ def test_min_at_edges() -> None:
     v = pl.Series([40, 30, 5, None, 1, 30], dtype=i64)
     assert streams.min_at(keys, at, v).to_list() == [30, 5, 30, None, None]
     assert _min_at_by_join(keys, at, v) == [30, 5, 30, None, None]
+
+
+@pytest.mark.parametrize("starts", [[], [5], [1, 2, 9], [1, 1, 2], [3, 1, 2], [None, 1, 2],
+                                    [1, None], [2, 2]])
+def test_by_start_is_the_sort(starts) -> None:
+    from nsysan.findings.context import _by_start
+
+    df = pl.DataFrame({"start_ns": starts, "row": list(range(len(starts)))},
+                      schema={"start_ns": pl.Int64, "row": pl.Int64})
+    got = _by_start(df)
+    assert got["start_ns"].to_list() == df.sort("start_ns")["start_ns"].to_list()
+    if len(starts) <= 1 or all(a is not None and b is not None and a < b
+                               for a, b in itertools.pairwise(starts)):
+        assert got["row"].to_list() == list(range(len(starts)))  # not sorted again
