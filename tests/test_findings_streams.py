@@ -223,3 +223,19 @@ def test_by_start_is_the_sort(starts) -> None:
     if len(starts) <= 1 or all(a is not None and b is not None and a < b
                                for a, b in itertools.pairwise(starts)):
         assert got["row"].to_list() == list(range(len(starts)))  # not sorted again
+
+
+@settings(max_examples=150, deadline=None)
+@given(intervals_st, st.lists(st.tuples(st.sampled_from([0, 1, None]), st.integers(-5, 230),
+                                        st.integers(-3, 40)), max_size=15))
+def test_exposed_ns_is_union_minus_compute(ops_rows, subset_rows) -> None:
+    ops = _frame(ops_rows).with_columns(
+        pl.Series("op_class", ["compute" if k % 3 else "nccl" for k in range(len(ops_rows))],
+                  pl.String))
+    tr = Trace.from_frames("t", {"gpu_ops": ops})
+    subset = pl.DataFrame([(d, s, s + n) for d, s, n in subset_rows], orient="row",
+                          schema={"device_id": pl.Int64, "start_ns": pl.Int64,
+                                  "end_ns": pl.Int64})
+    want = (streams.uncovered_ns(intervals.union(subset, by=["device_id"]).collect(),
+                                 streams.compute_blocks(tr)) if subset.height else 0)
+    assert streams.exposed_ns(tr, subset) == want

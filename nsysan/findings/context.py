@@ -386,8 +386,4 @@ class Context:
         Computed as |∪subset| − |∪subset ∩ ∪compute| against the compute union of the whole
         trace (memoised: compute outside the subset's span intersects nothing), so only the
         small subset is merged here."""
-        if subset.is_empty():
-            return 0
-        mine = intervals.union(subset.select(["device_id", "start_ns", "end_ns"]),
-                               by=["device_id"]).collect()
-        return streams.uncovered_ns(mine, streams.compute_blocks(self.trace))
+        return streams.exposed_ns(self.trace, subset)
