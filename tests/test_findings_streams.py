@@ -239,3 +239,12 @@ def test_exposed_ns_is_union_minus_compute(ops_rows, subset_rows) -> None:
     want = (streams.uncovered_ns(intervals.union(subset, by=["device_id"]).collect(),
                                  streams.compute_blocks(tr)) if subset.height else 0)
     assert streams.exposed_ns(tr, subset) == want
+
+
+def test_sync_calls_are_the_sync_rows_in_order() -> None:
+    tr, res = scenario("sync_in_loop")
+    ctx = Context(tr, res)
+    api = tr.frame("cuda_api")
+    want = api.filter(pl.col("api_class") == "sync").select("pid", "name", "start_ns", "end_ns")
+    assert want.height > 0
+    assert ctx.sync_calls.equals(want)
