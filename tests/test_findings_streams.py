@@ -248,3 +248,18 @@ def test_sync_calls_are_the_sync_rows_in_order() -> None:
     want = api.filter(pl.col("api_class") == "sync").select("pid", "name", "start_ns", "end_ns")
     assert want.height > 0
     assert ctx.sync_calls.equals(want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals_st, st.lists(st.integers(-5, 260), max_size=60))
+def test_inside_by_ranges_is_inside_by_search(rows, ts) -> None:
+    """Both ways of `streams._inside` (ranges of sorted instants per block, a search per
+    instant) agree with the definition, with ties at block starts and ends."""
+    u = intervals.union(_frame([r for r in rows if r[0] == 0]), by=[]).collect()
+    bs, be = u["start_ns"].to_numpy(), u["end_ns"].to_numpy()
+    t = np.array(sorted(ts), dtype=np.int64)
+    want = [bool(((bs <= x) & (x < be)).any()) for x in t.tolist()]
+    assert streams._inside(t, bs, be).tolist() == want
+    assert streams._inside(t[::-1].copy(), bs, be).tolist() == want[::-1]  # unsorted: search
+    many = np.repeat(t, 5)  # more instants than 4x the blocks: the ranges
+    assert streams._inside(many, bs, be).tolist() == np.repeat(want, 5).tolist()

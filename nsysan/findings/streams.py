@@ -79,13 +79,27 @@ def starts_inside(df: pl.DataFrame, blocks: pl.DataFrame) -> np.ndarray:
         every = bool(rows.all())  # (one device: no row to pick out or scatter back)
         t = start if every else start[rows]
         bs, be = b["start_ns"].to_numpy(), b["end_ns"].to_numpy()
-        i = np.searchsorted(bs, t, side="right") - 1
-        inside = (i >= 0) & (t < be[np.maximum(i, 0)])
+        inside = _inside(t, bs, be)
         if every:
             return inside
         out[rows] = inside
     return out
 
+
+def _inside(t: np.ndarray, bs: np.ndarray, be: np.ndarray) -> np.ndarray:
+    """``bs[k] <= t < be[k]`` for some k, for sorted disjoint blocks ``[bs, be)``.
+
+    Few blocks against many sorted instants (the copies of a trace against its short gaps):
+    each block finds the range of instants it holds (two binary searches per block) and the
+    ranges are marked by a prefix sum. Otherwise one binary search per instant."""
+    if bs.size == 0:
+        return np.zeros(t.size, bool)
+    if 4 * bs.size < t.size and bool((t[1:] >= t[:-1]).all()):
+        lo, hi = np.searchsorted(t, bs), np.searchsorted(t, be)
+        marks = np.bincount(lo, minlength=t.size + 1) - np.bincount(hi, minlength=t.size + 1)
+        return np.cumsum(marks[:t.size]) > 0
+    i = np.searchsorted(bs, t, side="right") - 1
+    return (i >= 0) & (t < be[np.maximum(i, 0)])
 
 
 def min_at(keys: pl.Series, at: pl.Series, values: pl.Series) -> pl.Series:
