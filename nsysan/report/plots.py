@@ -64,16 +64,19 @@ def _covered_by_both(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.
     |A before t| + |B before t| − |A ∩ B before t|, where A's part of B is, per block of B,
     a difference of A's prefix sums (integers: exactly the covered length of the union of
     the ops of A and of B, without another union of them)."""
-    in_b = covered_before(a_s, a_e, b_e) - covered_before(a_s, a_e, b_s)  # |A ∩ B block|
-    cum = np.concatenate([[0], np.cumsum(in_b)])
     idx = np.searchsorted(b_s, t, side="right") - 1
     i = np.clip(idx, 0, None)
-    if b_s.size:
-        part = covered_before(a_s, a_e, np.minimum(t, b_e[i])) - covered_before(a_s, a_e, b_s[i])
-        both = np.where(idx >= 0, cum[i] + part, 0)
-    else:
-        both = np.zeros(t.shape, np.int64)
-    return covered_before(a_s, a_e, t) + covered_before(b_s, b_e, t) - both
+    if not b_s.size:
+        return covered_before(a_s, a_e, t)
+    # A's prefix sums at every point needed, in one search (A may have a block per op)
+    n, m = b_s.size, t.size
+    under = covered_before(a_s, a_e, np.concatenate(
+        [b_e, b_s, np.minimum(t, b_e[i]), b_s[i], t]))
+    in_b = under[:n] - under[n:2 * n]  # |A ∩ B block|
+    cum = np.concatenate([[0], np.cumsum(in_b)])
+    part = under[2 * n:2 * n + m] - under[2 * n + m:2 * n + 2 * m]
+    both = np.where(idx >= 0, cum[i] + part, 0)
+    return under[2 * n + 2 * m:] + covered_before(b_s, b_e, t) - both
 
 
 def _present_classes(op_classes: pl.Series) -> set[str | None]:
