@@ -35,8 +35,9 @@ def _union(rows: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 @given(blocks_st, blocks_st, st.lists(st.integers(-10, 360), min_size=1, max_size=15))
 def test_covered_by_both_is_the_union_of_both(a, b, ts) -> None:
     t = np.array(sorted(ts), dtype=np.int64)
-    want = covered_before(*_union(a + b), t)
-    assert plots._covered_by_both(*_union(a), *_union(b), t).tolist() == want.tolist()
+    a_t, both = plots._covered_by_both(*_union(a), *_union(b), t)
+    assert both.tolist() == covered_before(*_union(a + b), t).tolist()
+    assert a_t.tolist() == covered_before(*_union(a), t).tolist()
 
 
 def _lanes_by_definition(trace: Trace) -> list[dict[str, list[float]]]:

@@ -59,15 +59,16 @@ def _coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.nda
 
 
 def _covered_by_both(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray,
-                     t: np.ndarray) -> np.ndarray:
-    """Length of A ∪ B before each instant of ``t``, for two sets of sorted disjoint blocks:
-    |A before t| + |B before t| − |A ∩ B before t|, where A's part of B is, per block of B,
-    a difference of A's prefix sums (integers: exactly the covered length of the union of
-    the ops of A and of B, without another union of them)."""
+                     t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Length of A, and of A ∪ B, before each instant of ``t``, for two sets of sorted
+    disjoint blocks: |A ∪ B| = |A| + |B| − |A ∩ B|, where A's part of B is, per block of B, a
+    difference of A's prefix sums (integers: exactly the covered length of the union of the
+    ops of A and of B, without another union of them)."""
     idx = np.searchsorted(b_s, t, side="right") - 1
     i = np.clip(idx, 0, None)
     if not b_s.size:
-        return covered_before(a_s, a_e, t)
+        a_t = covered_before(a_s, a_e, t)
+        return a_t, a_t
     # A's prefix sums at every point needed, in one search (A may have a block per op)
     n, m = b_s.size, t.size
     under = covered_before(a_s, a_e, np.concatenate(
@@ -76,7 +77,8 @@ def _covered_by_both(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.
     cum = np.concatenate([[0], np.cumsum(in_b)])
     part = under[2 * n:2 * n + m] - under[2 * n + m:2 * n + 2 * m]
     both = np.where(idx >= 0, cum[i] + part, 0)
-    return under[2 * n + 2 * m:] + covered_before(b_s, b_e, t) - both
+    a_t = under[2 * n + 2 * m:]
+    return a_t, a_t + covered_before(b_s, b_e, t) - both
 
 
 def _present_classes(op_classes: pl.Series) -> set[str | None]:
@@ -123,15 +125,19 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
         # (a null device id gets no blocks: the equality filter this replaces matched none)
         mine = {c: b.of(dev) if dev is not None else (np.zeros(0), np.zeros(0))
                 for c, b in [*per_cls.items(), ("busy", busy)]}
-        lanes = {c: _coverage(*mine[c], edges) for c in per_cls if mine[c][0].size}
+        drawn = [c for c in per_cls if mine[c][0].size]
+        width = np.maximum(np.diff(edges), 1)
+        # compute, and compute ∪ nccl (exposed nccl: the part compute leaves), from the same
+        # prefix sums of the compute blocks
+        none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        shared = (_covered_by_both(*mine.get("compute", none), *mine["nccl"], edges)
+                  if "nccl" in drawn else None)
+        lanes = {c: np.diff(shared[0]) / width if c == "compute" and shared is not None
+                 else _coverage(*mine[c], edges) for c in drawn}
         b = _coverage(*mine["busy"], edges)
-        if "nccl" in lanes:
-            # the share of compute ∪ nccl, the lane's (exposed: the part compute leaves)
-            none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-            nc_share = (np.diff(_covered_by_both(*mine.get("compute", none), *mine["nccl"],
-                                                 edges))
-                        / np.maximum(np.diff(edges), 1))
-            lanes["exposed nccl"] = np.clip(nc_share - lanes.get("compute", 0.0), 0, 1)
+        if shared is not None:
+            lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
+                                            - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
