@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
-from nsysan.frames.packed_keys import GROUP, Keys
-from nsysan.frames.sweeps import dense_codes
+from nsysan.frames.packed_keys import GROUP, LIMIT, Keys
+from nsysan.frames.sweeps import cell_sums, dense_codes, sorted_values
 
 _MAX = np.iinfo(np.int64).max
 _MIN = np.iinfo(np.int64).min
@@ -54,9 +54,53 @@ def union_busy(group: np.ndarray, members: pl.DataFrame, n_groups: int) -> np.nd
     devices (what `intervals.total` by ``[group, device_id]`` then a sum per group gives)."""
     ok = (members["end_ns"] > members["start_ns"]).fill_null(False)
     x = members.filter(ok).select("device_id", "start_ns", "end_ns")
-    device, devices = dense_codes(x["device_id"].cast(pl.Int64))
-    n_dev = max(len(devices), 1)
+    device, n_dev = _device_codes(x["device_id"])
     code = group[ok.to_numpy()].astype(np.int64) * n_dev + device
+    packed = _pack(code, n_groups * n_dev, x["start_ns"].to_numpy(), x["end_ns"].to_numpy())
+    if packed is None:  # times too far apart to pack next to the codes: the general keys
+        return _union_busy_keys(code, x, n_dev, n_groups)
+    starts, ends, span = packed
+    # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
+    s, e = sorted_values(starts), sorted_values(ends)
+    first = np.ones(len(s), bool)
+    np.greater(s[1:], e[:-1], out=first[1:])
+    last = np.ones(len(s), bool)
+    last[:-1] = first[1:]
+    bs = s[first]
+    return cell_sums(bs // span // n_dev, e[last] - bs, n_groups)
+
+
+def _device_codes(device: pl.Series) -> tuple[np.ndarray, int]:
+    """Dense 0-based codes of the (non-null) device ids and their count (at least 1)."""
+    d = device.cast(pl.Int64).to_numpy()
+    if not len(d):
+        return d, 1
+    lo, hi = int(d.min()), int(d.max())
+    if hi - lo < 1 << 16:  # few devices in a small range (as always): a lookup table
+        present = np.bincount(d - lo) > 0
+        return (np.cumsum(present) - 1)[d - lo], int(present.sum())
+    code, devices = dense_codes(device.cast(pl.Int64))
+    return code, len(devices)
+
+
+def _pack(code: np.ndarray, n_codes: int, start: np.ndarray, end: np.ndarray,
+          ) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``code * span + (time - min time)`` of the starts and ends (Int64, ordered by code,
+    then time) and ``span``; None when that would not fit in 62 bits."""
+    if not len(code):
+        return code, code, 1
+    tmin = int(start.min())
+    span = int(end.max()) - tmin + 1
+    if n_codes * span >= LIMIT:
+        return None
+    base = code * span - tmin
+    return base + start, base + end, span
+
+
+def _union_busy_keys(code: np.ndarray, x: pl.DataFrame, n_dev: int, n_groups: int,
+                     ) -> np.ndarray:
+    """`union_busy` through `packed_keys.Keys`, which ranks the times when they are too far
+    apart to pack as offsets."""
     keys = Keys([x.with_columns(pl.Series("_c", code))], ["_c"], ["start_ns", "end_ns"])
     g, bs, be = iv.packed_blocks(keys, 0, "start_ns", "end_ns")
     block_code = keys.attach_by(pl.DataFrame({GROUP: g}, schema={GROUP: pl.Int64}))["_c"]

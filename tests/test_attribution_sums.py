@@ -1,0 +1,83 @@
+"""Fast paths of `attribution_sums` and `sweeps` (numpy packing, timsort on sorted runs,
+arithmetic member codes) give exactly what the general `packed_keys` paths give."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsysan.frames import intervals as iv
+from nsysan.frames import sweeps
+from nsysan.frames.packed_keys import Keys
+from nsysan.passes import attribution_sums as sums
+
+members_st = st.lists(
+    st.tuples(st.integers(0, 5), st.sampled_from([-1, 0, 3, 1 << 40]),
+              st.one_of(st.none(), st.integers(0, 40)), st.integers(-2, 9)),
+    max_size=25,
+)
+
+
+def _members(rows, scale: int) -> tuple[np.ndarray, pl.DataFrame]:
+    group = np.array([g for g, _, _, _ in rows], np.int64)
+    df = pl.DataFrame(
+        {"device_id": [d for _, d, _, _ in rows],
+         "start_ns": [None if s is None else s * scale for _, _, s, _ in rows],
+         "end_ns": [None if s is None else (s + n) * scale for _, _, s, n in rows]},
+        schema={"device_id": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64},
+    )
+    return group, df
+
+
+def _oracle(group: np.ndarray, df: pl.DataFrame, n: int) -> np.ndarray:
+    per = iv.total(df.with_columns(pl.Series("g", group)), by=["g", "device_id"]).collect()
+    out = np.zeros(n, np.int64)
+    np.add.at(out, per["g"].to_numpy(), per["busy_ns"].to_numpy())
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(members_st, st.sampled_from([1, 1000, 1 << 55]))
+def test_union_busy_equals_the_union_per_group_and_device(rows, scale):
+    group, df = _members(rows, scale)
+    assert sums.union_busy(group, df, 6).tolist() == _oracle(group, df, 6).tolist()
+
+
+def test_union_busy_takes_the_keys_path_when_times_do_not_pack():
+    # 6 groups x 2 devices x a span of 2**60 does not fit in 62 bits: the ranked-time path.
+    group = np.array([0, 5, 5, 1], np.int64)
+    df = pl.DataFrame({"device_id": [0, 7, 7, 0], "start_ns": [0, 1 << 60, 3, 5],
+                       "end_ns": [10, (1 << 60) + 4, 1 << 60, 6]})
+    assert sums._pack(group * 2, 12, df["start_ns"].to_numpy(), df["end_ns"].to_numpy()) is None
+    assert sums.union_busy(group, df, 6).tolist() == [10, 1, 0, 0, 0, (1 << 60) + 1]
+
+
+def test_union_busy_of_nothing():
+    df = pl.DataFrame(schema={"device_id": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    assert sums.union_busy(np.zeros(0, np.int64), df, 3).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("values", [
+    [], [5], [3, 1, 2], list(range(100)) + list(range(50, 150)),  # two sorted runs: timsort
+    list(np.random.default_rng(1).integers(0, 1 << 60, 500)),  # shuffled: quicksort
+])
+def test_sorted_values_is_a_sort(values):
+    a = np.array(values, np.int64)
+    assert np.array_equal(sweeps.sorted_values(a), np.sort(a))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, None]), st.sampled_from([4, 4, 1 << 50]),
+                          st.integers(0, 3)), max_size=20))
+def test_member_codes_partition_rows_like_the_packed_keys(rows):
+    df = pl.DataFrame({"d": [d for d, _, _ in rows], "p": [p for _, p, _ in rows],
+                       "s": [s for _, _, s in rows]},
+                      schema={"d": pl.Int64, "p": pl.Int64, "s": pl.Int64})
+    code, n = sweeps._member_codes(df, ["d", "p", "s"])
+    want, uniq = sweeps.dense_codes(Keys([df], ["d", "p", "s"], []).group_code(0))
+    assert n == len(uniq) and (len(code) == 0 or code.max() < n)
+    # Same partition: equal codes exactly where the reference codes are equal.
+    assert len({(a, b) for a, b in zip(code.tolist(), want.tolist(), strict=True)}) == n
