@@ -81,3 +81,29 @@ def test_member_codes_partition_rows_like_the_packed_keys(rows):
     assert n == len(uniq) and (len(code) == 0 or code.max() < n)
     # Same partition: equal codes exactly where the reference codes are equal.
     assert len({(a, b) for a, b in zip(code.tolist(), want.tolist(), strict=True)}) == n
+
+
+def _layer_ids_by_group_by(ranges: pl.DataFrame, group_numbered: bool) -> dict:
+    """The layer (domain, name) of every rix, by a plain group-by over the strings."""
+    from nsysan.passes.attribution import layer_name
+
+    layer = layer_name(pl.col("name")) if group_numbered else pl.col("name")
+    out = ranges.with_columns(layer.alias("_layer"))
+    return {r: (d, n) for r, d, n in out.select("rix", "domain", "_layer").iter_rows()}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, "", "a", "b"]),
+                          st.sampled_from([None, "", "x", "step 1", "step 2", "mm, seq = 3"])),
+                max_size=20), st.booleans())
+def test_layer_ids_group_ranges_by_domain_and_layer_name(rows, group_numbered):
+    from nsysan.passes.attribution import _layer_ids
+
+    ranges = pl.DataFrame({"domain": [d for d, _ in rows], "name": [n for _, n in rows]},
+                          schema={"domain": pl.String, "name": pl.String}).with_row_index("rix")
+    tab, lid = _layer_ids(ranges, group_numbered)
+    assert tab.select("domain", "name").n_unique() == tab.height
+    assert tab["lid"].to_list() == list(range(tab.height))
+    by_lid = {i: (d, n) for i, d, n in tab.select("lid", "domain", "name").iter_rows()}
+    assert {r: by_lid[i] for r, i in enumerate(lid.to_list())} == \
+        _layer_ids_by_group_by(ranges, group_numbered)

@@ -203,21 +203,45 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
     memberships: the layer table (``lid, domain, name``) and the ``lid`` of every ``rix``."""
     # Names repeat a lot (one per layer call): naming the layer of each distinct name, not
     # of each range, runs the regexes over a few hundred strings instead of millions.
-    names = ranges.group_by("domain", "name").agg("rix")
+    nid, rep = _name_ids(ranges)
+    names = ranges.select("domain", "name")[rep]
     layer = layer_name(pl.col("name")) if group_numbered else pl.col("name")
-    names = names.with_columns(layer.alias("_layer"))
+    names = names.with_columns(layer.alias("_layer")).with_row_index("_nid")
     layer_tab = (
         names.select("domain", pl.col("_layer").alias("name")).unique().with_row_index("lid")
     )
-    per_rix = (
+    lid_of_name = (
         names.join(layer_tab, left_on=["domain", "_layer"], right_on=["domain", "name"],
                    how="left", nulls_equal=True)
-        .select("rix", "lid")
-        .explode("rix", empty_as_null=False)
+        .sort("_nid")["lid"].to_numpy()
     )
-    lid = np.zeros(ranges.height, np.uint32)
-    lid[per_rix["rix"].to_numpy()] = per_rix["lid"].to_numpy()
-    return layer_tab, pl.Series("lid", lid, pl.UInt32)
+    return layer_tab, pl.Series("lid", lid_of_name[nid].astype(np.uint32), pl.UInt32)
+
+
+def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """A dense id of every range's ``(domain, name)`` and one row of every id. Categorical
+    codes of the two strings (a hash per string, no group-by building lists of rows), packed
+    into one integer and made dense by a table of the codes present (or a sort)."""
+    codes = ranges.select(
+        pl.col(c).cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1) + 1
+        for c in ("domain", "name")
+    )
+    domain, name = codes["domain"].to_numpy(), codes["name"].to_numpy()
+    if not len(name):
+        return name, name
+    if (int(domain.max()) + 1) * (int(name.max()) + 1) >= 1 << 62:  # huge codes: rank them
+        domain, name = (np.unique(c, return_inverse=True)[1] for c in (domain, name))
+    code = domain * (int(name.max()) + 1) + name
+    if int(code.max()) < 4 * len(code) + 4096:
+        present = np.bincount(code) > 0
+        nid = (np.cumsum(present) - 1)[code]
+        n_ids = int(present.sum())
+    else:
+        _, nid = np.unique(code, return_inverse=True)
+        n_ids = int(nid.max()) + 1
+    rep = np.empty(n_ids, np.int64)
+    rep[nid] = np.arange(len(nid))  # any row of an id will do: they all hold its strings
+    return nid, rep
 
 
 def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
