@@ -107,3 +107,26 @@ def test_layer_ids_group_ranges_by_domain_and_layer_name(rows, group_numbered):
     by_lid = {i: (d, n) for i, d, n in tab.select("lid", "domain", "name").iter_rows()}
     assert {r: by_lid[i] for r, i in enumerate(lid.to_list())} == \
         _layer_ids_by_group_by(ranges, group_numbered)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(-5, 50))),
+                max_size=30), st.booleans())
+def test_projection_equals_a_group_by(rows, in_order):
+    if in_order:  # memberships in range order take the reduction, others ufunc.at
+        rows = sorted(rows, key=lambda r: r[0])
+    index = np.array([i for i, _ in rows], np.int64)
+    start = pl.Series("s", [v for _, v in rows], pl.Int64)
+    end = pl.Series("e", [None if v is None else v * 2 for _, v in rows], pl.Int64)
+    lo, hi = sums.projection(index, start, end, 8)
+    want = (
+        pl.DataFrame({"i": index, "s": start, "e": end}, schema={"i": pl.Int64, "s": pl.Int64,
+                                                                  "e": pl.Int64})
+        .group_by("i").agg(pl.col("s").min(), pl.col("e").max())
+    )
+    got_lo = dict(enumerate(lo.to_list()))
+    got_hi = dict(enumerate(hi.to_list()))
+    for i in range(8):
+        row = want.filter(pl.col("i") == i)
+        assert got_lo[i] == (row["s"][0] if row.height else None)
+        assert got_hi[i] == (row["e"][0] if row.height else None)

@@ -13,7 +13,7 @@ import polars as pl
 
 from nsysan.frames.intervals import END, START
 from nsysan.frames.packed_keys import Keys
-from nsysan.frames.sweeps import sort_order
+from nsysan.frames.sweeps import sort_order, sorted_values
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -72,11 +72,12 @@ def enclosing(
     # Every (range, query of its block) pair: row k of a block is its first row plus k.
     r_rows = np.repeat(np.arange(len(n)), n)
     q_rows = order[np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(len(r_rows))]
+    # The end test in numpy, before any column is gathered: only the pairs kept are built.
+    inside = q["_e"].to_numpy()[q_rows] <= r["_e"].to_numpy()[r_rows]
+    q_rows, r_rows = q_rows[inside], r_rows[inside]
     return (
-        q.select(pl.col([*by, query_id, "_e"]).gather(q_rows))
-        .hstack(r.select(pl.col(range_id).gather(r_rows), pl.col("_e").gather(r_rows).alias("_re")))
-        .filter(pl.col("_e") <= pl.col("_re"))
-        .select([*by, query_id, range_id])
+        q.select(pl.col([*by, query_id]).gather(q_rows))
+        .hstack(r.select(pl.col(range_id).gather(r_rows)))
         .lazy()
     )
 
@@ -266,7 +267,7 @@ def equal_shares(
     # replace joins on (by, time).
     keys = Keys([x], by, [start, end], low=2)
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
-    events = np.sort(np.concatenate([k_start << 1 | 1, k_end << 1]))
+    events = sorted_values(np.concatenate([k_start << 1 | 1, k_end << 1]))
     # The active count after all events at an instant: the running sum at its last event
     # (deltas sum to zero per group, so the sum restarts at every group by itself).
     count = np.cumsum((events & 1) * 2 - 1)

@@ -22,11 +22,23 @@ _MIN = np.iinfo(np.int64).min
 def _extreme(index: np.ndarray, values: pl.Series, n: int, lowest: bool) -> pl.Series:
     """Min (``lowest``) or max of ``values`` per index in ``[0, n)``, ignoring nulls; null
     where an index has no value (a group-by's ``min``/``max``)."""
-    ok = values.is_not_null().to_numpy()
-    idx, v = index[ok], values.filter(pl.Series(ok)).to_numpy().astype(np.int64)
+    if values.null_count():
+        ok = values.is_not_null().to_numpy()
+        idx, v = index[ok], values.filter(pl.Series(ok)).to_numpy().astype(np.int64)
+    else:
+        idx, v = index, values.to_numpy().astype(np.int64, copy=False)
     out = np.full(n, _MAX if lowest else _MIN, np.int64)
-    (np.minimum if lowest else np.maximum).at(out, idx, v)
-    seen = np.bincount(idx, minlength=n) > 0
+    op = np.minimum if lowest else np.maximum
+    if len(idx) and np.all(idx[1:] >= idx[:-1]):
+        # Memberships come in range order: each index's values are one run, reduced at once
+        # (an unbuffered ``ufunc.at`` costs several times a reduction).
+        firsts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        out[idx[firsts]] = op.reduceat(v, firsts)
+        seen = np.zeros(n, bool)
+        seen[idx[firsts]] = True
+    else:
+        op.at(out, idx, v)
+        seen = np.bincount(idx, minlength=n) > 0
     return pl.Series(out).set(pl.Series(~seen), None)
 
 
