@@ -44,6 +44,9 @@ def _oracle(group: np.ndarray, df: pl.DataFrame, n: int) -> np.ndarray:
 def test_union_busy_equals_the_union_per_group_and_device(rows, scale):
     group, df = _members(rows, scale)
     assert sums.union_busy(group, df, 6).tolist() == _oracle(group, df, 6).tolist()
+    both = sums.union_busies(df, [(group, 6), (group % 2, 2)])
+    assert [b.tolist() for b in both] == [_oracle(group, df, 6).tolist(),
+                                          _oracle(group % 2, df, 2).tolist()]
 
 
 def test_union_busy_takes_the_keys_path_when_times_do_not_pack():

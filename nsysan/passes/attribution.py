@@ -365,6 +365,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # A (launch, range) pair is listed once: distinct launches of a range = pairs with ops.
     launched = pairs.filter(pl.Series(has_ops)).select("launch_id", "rix")
     pair_rix = launched["rix"].to_numpy()
+    range_busy, layer_busy = sums.union_busies(inc, [(rix, n_ranges), (lid[rix], n_layers)])
     attribution = (
         ranges.select(
             "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
@@ -374,21 +375,20 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
             proj_start.alias("proj_start_ns"),
             proj_end.alias("proj_end_ns"),
             pl.Series("n_gpu_ops", np.bincount(pair_rix, minlength=n_ranges).astype(np.int64)),
-            pl.Series("gpu_busy_ns", sums.union_busy(rix, inc, n_ranges)),
+            pl.Series("gpu_busy_ns", range_busy),
             pl.Series("exclusive_gpu_ns", exclusive),
             pl.lit(trace_id).alias("trace_id"),
         )
     )
     total_gpu = _total_busy(trace, ops)
     attributed = int(owned_union["busy_ns"].sum())
-    layer_of = lid[rix]
     per_layer = pl.DataFrame({
         "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
         "instances": np.bincount(lid, minlength=n_layers).astype(np.int64),
         "exclusive_gpu_ns": _sum_by(lid, exclusive, n_layers),
         "n_gpu_ops": sums.distinct_counts(lid[pair_rix], launched["launch_id"].to_numpy(),
                                           n_layers),
-        "gpu_busy_ns": sums.union_busy(layer_of, inc, n_layers),
+        "gpu_busy_ns": layer_busy,
     })
     layers = (
         per_layer.filter(pl.col("instances") > 0)

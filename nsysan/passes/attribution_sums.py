@@ -8,12 +8,14 @@ the results back on the ranges (the attribution table is in ``rix`` order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
 from nsysan.frames.packed_keys import GROUP, LIMIT, Keys
-from nsysan.frames.sweeps import cell_sums, dense_codes, sorted_values
+from nsysan.frames.sweeps import dense_codes, sorted_values
 
 _MAX = np.iinfo(np.int64).max
 _MIN = np.iinfo(np.int64).min
@@ -64,29 +66,52 @@ def union_busy(group: np.ndarray, members: pl.DataFrame, n_groups: int) -> np.nd
     """Per group in ``[0, n_groups)``: the union of its intervals (``members``' rows:
     ``device_id, start_ns, end_ns``, ``device_id`` non-null) per device, summed over
     devices (what `intervals.total` by ``[group, device_id]`` then a sum per group gives)."""
+    return union_busies(members, [(group, n_groups)])[0]
+
+
+def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, int]],
+                 ) -> list[np.ndarray]:
+    """`union_busy` of the same ``members`` under several groupings (``group, n_groups``,
+    e.g. per range and per layer): the rows, devices and times are read once."""
     ok = (members["end_ns"] > members["start_ns"]).fill_null(False)
-    x = members.filter(ok).select("device_id", "start_ns", "end_ns")
+    every = bool(ok.all())
+    x = (members if every else members.filter(ok)).select("device_id", "start_ns", "end_ns")
+    keep = None if every else ok.to_numpy()
     device, n_dev = _device_codes(x["device_id"])
-    code = group[ok.to_numpy()].astype(np.int64) * n_dev + device
-    packed = _pack(code, n_groups * n_dev, x["start_ns"].to_numpy(), x["end_ns"].to_numpy())
-    if packed is None:  # times too far apart to pack next to the codes: the general keys
-        return _union_busy_keys(code, x, n_dev, n_groups)
-    starts, ends, span = packed
-    # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
-    s, e = sorted_values(starts), sorted_values(ends)
-    first = np.ones(len(s), bool)
-    np.greater(s[1:], e[:-1], out=first[1:])
-    last = np.ones(len(s), bool)
-    last[:-1] = first[1:]
-    bs = s[first]
-    return cell_sums(bs // span // n_dev, e[last] - bs, n_groups)
+    start, end = x["start_ns"].to_numpy(), x["end_ns"].to_numpy()
+    out = []
+    for group, n_groups in groupings:  # per grouping, not per row
+        code = (group if keep is None else group[keep]).astype(np.int64)
+        if device is not None:
+            code = code * n_dev + device
+        packed = _pack(code, n_groups * n_dev, start, end)
+        if packed is None:  # times too far apart to pack next to the codes: the general keys
+            out.append(_union_busy_keys(code, x, n_dev, n_groups))
+            continue
+        starts, ends, span = packed
+        # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
+        s, e = sorted_values(starts), sorted_values(ends)
+        first = np.ones(len(s), bool)
+        np.greater(s[1:], e[:-1], out=first[1:])
+        last = np.ones(len(s), bool)
+        last[:-1] = first[1:]
+        bs = s[first]
+        # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
+        # difference of running sums at the run's bounds, found by a binary search per
+        # group (no division or scatter per block).
+        total = np.zeros(len(bs) + 1, np.int64)
+        np.cumsum(e[last] - bs, out=total[1:])
+        bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
+        out.append(total[bounds[1:]] - total[bounds[:-1]])
+    return out
 
 
-def _device_codes(device: pl.Series) -> tuple[np.ndarray, int]:
-    """Dense 0-based codes of the (non-null) device ids and their count (at least 1)."""
+def _device_codes(device: pl.Series) -> tuple[np.ndarray | None, int]:
+    """Dense 0-based codes of the (non-null) device ids and their count (at least 1); None
+    for the codes when there is one device (or none)."""
     d = device.cast(pl.Int64).to_numpy()
-    if not len(d):
-        return d, 1
+    if not len(d) or int(d.min()) == int(d.max()):
+        return None, 1
     lo, hi = int(d.min()), int(d.max())
     if hi - lo < 1 << 16:  # few devices in a small range (as always): a lookup table
         present = np.bincount(d - lo) > 0
