@@ -163,27 +163,33 @@ def member_concurrency(
 
 
 def _member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
-    """A dense 0-based code of every row's ``cols`` (equal values, equal codes; the order of
-    the codes is of no matter) and the number of codes. Integer columns without nulls whose
-    combined range is small (devices, processes, streams) are packed arithmetically and made
-    dense by a table of the codes present: no polars arithmetic, hash or sort over the rows."""
-    code = np.zeros(x.height, np.int64)
+    """A 0-based code below ``n`` of every row's ``cols`` (equal values, equal codes; their
+    order is of no matter) and ``n``. Integer columns without nulls whose combined range is
+    small (devices, processes, streams) are packed arithmetically (a column of one value
+    adds nothing), and made dense by a table of the codes present only when the range is
+    wider than 2**16: no polars arithmetic, hash or sort over the rows. Else dense ranks."""
+    code: np.ndarray | None = None
     size = 1
     for c in cols:
         col = x[c]
         if not col.dtype.is_integer() or col.null_count() or not x.height:
             size = -1
             break
-        v = col.to_numpy()
-        lo, hi = int(v.min()), int(v.max())
-        size *= hi - lo + 1
+        lo, hi = col.min(), col.max()
+        if lo == hi:  # one value (one device, one process): nothing to tell apart
+            continue
+        size *= int(hi) - int(lo) + 1  # type: ignore[arg-type]
         if size > 4 * x.height + 4096:
             break
-        code = code * (hi - lo + 1) + (v - lo)
+        v = col.to_numpy() - int(lo)  # type: ignore[arg-type]
+        code = v if code is None else code * (int(hi) - int(lo) + 1) + v  # type: ignore[arg-type]
     if 0 < size <= 4 * x.height + 4096:
+        if code is None:
+            return np.zeros(x.height, np.int64), 1
+        if size <= 1 << 16:  # few codes: dense enough for the bits and the radix sort
+            return code, size
         present = np.bincount(code, minlength=size) > 0
-        lut = np.cumsum(present) - 1
-        return lut[code], int(present.sum())
+        return (np.cumsum(present) - 1)[code], int(present.sum())
     member, uniq = dense_codes(Keys([x], cols, []).group_code(0))
     return member, len(uniq)
 
