@@ -134,3 +134,35 @@ def test_projection_equals_a_group_by(rows, in_order):
         row = want.filter(pl.col("i") == i)
         assert got_lo[i] == (row["s"][0] if row.height else None)
         assert got_hi[i] == (row["e"][0] if row.height else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(0, 3), st.integers(0, 30),
+                          st.integers(-1, 6)), max_size=20), st.booleans())
+def test_member_concurrency_serial_path_equals_the_member_sweeps(rows, serial):
+    from unittest import mock
+
+    if serial:  # per stream one op after the other (touching allowed), as CUDA runs them
+        ends: dict = {}
+        placed = []
+        for d, m, s, n in sorted(rows, key=lambda r: r[2]):
+            s = max(s, ends.get((d, m), s))
+            ends[(d, m)] = s + max(n, 0)
+            placed.append((d, m, s, n))
+        rows = placed
+    rows = sorted(rows, key=lambda r: (r[0], r[2]))  # by device, then start: as gpu_ops come
+    df = pl.DataFrame({"device_id": [r[0] for r in rows], "stream_id": [r[1] for r in rows],
+                       "start_ns": [r[2] for r in rows],
+                       "end_ns": [r[2] + r[3] for r in rows]},
+                      schema={"device_id": pl.Int64, "stream_id": pl.Int64,
+                              "start_ns": pl.Int64, "end_ns": pl.Int64})
+    got = sweeps.member_concurrency(df, ["device_id"], ["stream_id"], "mx", "mean")
+    with mock.patch.object(sweeps, "_serial", return_value=False):
+        want = sweeps.member_concurrency(df, ["device_id"], ["stream_id"], "mx", "mean")
+    assert got.equals(want)
+    x = df.filter(pl.col("end_ns") > pl.col("start_ns"))
+    member, n = sweeps._member_codes(x, ["device_id", "stream_id"])
+    if serial:
+        keys = Keys([x], ["device_id"], ["start_ns", "end_ns"])
+        assert sweeps._serial(member, n, keys.pack(0, "start_ns").to_numpy(),
+                              keys.pack(0, "end_ns").to_numpy())
