@@ -166,3 +166,31 @@ def test_member_concurrency_serial_path_equals_the_member_sweeps(rows, serial):
         keys = Keys([x], ["device_id"], ["start_ns", "end_ns"])
         assert sweeps._serial(member, n, keys.pack(0, "start_ns").to_numpy(),
                               keys.pack(0, "end_ns").to_numpy())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 20), st.integers(-3, 8)),
+                max_size=15),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(0, 20), st.integers(0, 12)),
+                max_size=8),
+       st.sampled_from([1, 1 << 57]), st.booleans())
+def test_enclosing_numpy_keys_give_the_same_pairs_in_the_same_order(qs, rs, scale, keyed):
+    from unittest import mock
+
+    from nsysan.frames import containment as cn
+
+    q = pl.DataFrame({"tid": [t for t, _, _ in qs], "query_id": list(range(len(qs))),
+                      "start_ns": [s * scale for _, s, _ in qs],
+                      "end_ns": [(s + n) * scale for _, s, n in qs]},  # n < 0: end < start
+                     schema={"tid": pl.Int64, "query_id": pl.Int64, "start_ns": pl.Int64,
+                             "end_ns": pl.Int64})
+    r = pl.DataFrame({"tid": [t for t, _, _ in rs], "range_id": list(range(len(rs))),
+                      "start_ns": [s * scale for _, s, _ in rs],
+                      "end_ns": [(s + n) * scale for _, s, n in rs]},
+                     schema={"tid": pl.Int64, "range_id": pl.Int64, "start_ns": pl.Int64,
+                             "end_ns": pl.Int64})
+    by = ["tid"] if keyed else []
+    got = cn.enclosing(q, r, by=by).collect()
+    with mock.patch.object(cn, "_pack_one_key", return_value=None):
+        want = cn.enclosing(q, r, by=by).collect()
+    assert got.equals(want)
