@@ -194,3 +194,13 @@ def test_enclosing_numpy_keys_give_the_same_pairs_in_the_same_order(qs, rs, scal
     with mock.patch.object(cn, "_pack_one_key", return_value=None):
         want = cn.enclosing(q, r, by=by).collect()
     assert got.equals(want)
+
+
+@pytest.mark.parametrize("dtype", [pl.Int32, pl.UInt32, pl.UInt64, pl.Int64])
+def test_member_concurrency_takes_any_integer_member_columns(dtype):
+    df = pl.DataFrame({"device_id": [0, 0, 0], "stream_id": [7, 9, 7],
+                       "start_ns": [0, 5, 20], "end_ns": [10, 15, 30]},
+                      schema={"device_id": pl.Int64, "stream_id": dtype, "start_ns": pl.Int64,
+                              "end_ns": pl.Int64})
+    got = sweeps.member_concurrency(df, ["device_id"], ["stream_id"], "mx", "mean")
+    assert got.rows() == [(0, 2, 25 / 25 + 5 / 25)]

@@ -202,7 +202,8 @@ def _member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
         size *= int(hi) - int(lo) + 1  # type: ignore[arg-type]
         if size > 4 * x.height + 4096:
             break
-        v = col.to_numpy() - int(lo)  # type: ignore[arg-type]
+        # (Int64 whatever the column's integer type: the codes join Int64 event keys.)
+        v = (col.to_numpy() - int(lo)).astype(np.int64, copy=False)  # type: ignore[arg-type]
         code = v if code is None else code * (int(hi) - int(lo) + 1) + v  # type: ignore[arg-type]
     if 0 < size <= 4 * x.height + 4096:
         if code is None:
