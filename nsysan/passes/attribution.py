@@ -219,16 +219,17 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
 
 
 def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """A dense id of every range's ``(domain, name)`` and one row of every id. Categorical
-    codes of the two strings (a hash per string, no group-by building lists of rows), packed
-    into one integer and made dense by a table of the codes present (or a sort)."""
-    codes = ranges.select(
-        pl.col(c).cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1) + 1
+    """A dense id of every range's ``(domain, name)`` and one row of every id. Enum codes of
+    the two strings (a hash per string, no group-by building lists of rows; an Enum of the
+    column's own values, so no process-wide categorical state), packed into one integer and
+    made dense by a table of the codes present (or a sort)."""
+    if ranges.is_empty():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    domain, name = (
+        ranges[c].cast(pl.Enum(ranges[c].unique().drop_nulls())).to_physical()
+        .cast(pl.Int64).fill_null(-1).to_numpy() + 1
         for c in ("domain", "name")
     )
-    domain, name = codes["domain"].to_numpy(), codes["name"].to_numpy()
-    if not len(name):
-        return name, name
     if (int(domain.max()) + 1) * (int(name.max()) + 1) >= 1 << 62:  # huge codes: rank them
         domain, name = (np.unique(c, return_inverse=True)[1] for c in (domain, name))
     code = domain * (int(name.max()) + 1) + name
