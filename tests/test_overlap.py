@@ -167,3 +167,14 @@ def test_planted_states_and_exposed_nccl(name, layout, tmp_path):
         assert row[key] == getattr(dev, key), key
     if name in ("exposed_allreduce", "comm_gap_180ms"):
         assert row["exposed_nccl_ns"] == sum(truth.exposed_nccl_per_step_ns[0]) > 0
+
+
+@pytest.mark.parametrize("devices", [[0], [3, 3, 5, 5, 5, 9], [None, None, 1, 1], [2, 7, 7]])
+def test_spans_by_numpy_equal_spans_by_expressions(devices):
+    from nsysan.passes.overlap import _spans, _spans_by_exprs
+
+    n = len(devices)
+    segs = pl.DataFrame({"device_id": devices, "start_ns": [10 * i for i in range(n)],
+                         "end_ns": [10 * i + 10 for i in range(n)]},
+                        schema={"device_id": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    assert _spans(segs).equals(_spans_by_exprs(segs))

@@ -48,3 +48,36 @@ def test_directories_and_missing_paths(tmp_path: Path) -> None:
     prefetch_sha256([d, tmp_path / "absent.sqlite"])  # nothing to hash for a missing path
     assert describe_path(d) == want
     assert describe_path(tmp_path / "absent.sqlite")["kind"] == "missing"
+
+
+def test_write_report_hashes_the_inputs_while_drawing(tmp_path: Path, monkeypatch) -> None:
+    """`write_report` starts hashing the inputs before the pictures are drawn (they overlap),
+    and the manifest lists the input's true hash."""
+    from findings_cases import scenario
+
+    from nsysan.findings import diagnose
+    from nsysan.report import plots
+    from nsysan.report.write import write_report
+
+    src = tmp_path / "input.sqlite"
+    src.write_bytes(b"y" * (2 << 20))
+    tr, res = scenario("starved_input")
+    tr.meta.path = tr.meta.source_path = src
+    pending_when_drawn: list[bool] = []
+    real = plots.device_timelines
+
+    def spy(*args, **kwargs):
+        key = manifest._stat_key(src)
+        with manifest._PENDING_LOCK:
+            pending_when_drawn.append(key in manifest._PENDING)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "device_timelines", spy)
+    out = tmp_path / "out"
+    write_report(out, tr, res, diagnose(tr, res))
+    assert pending_when_drawn == [True]
+    import json
+
+    doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["inputs"][0]["sha256"] == _sha(b"y" * (2 << 20))
+    assert manifest._stat_key(src) not in manifest._PENDING  # served (used once)

@@ -44,3 +44,35 @@ def test_manifest_leaves_out_captured_environment_variables(tmp_path: Path) -> N
     manifest = (write_outputs(result, tmp_path) / "manifest.json").read_text()
     assert "RUN_DURATION_MS" in manifest
     assert "s3cret" not in manifest and "ENVIRONMENT_VARIABLE" not in manifest
+
+
+def test_step_state_groups_match_the_patterns_row_by_row() -> None:
+    """The state -> group mapping (patterns tested once per distinct state) gives the means
+    that testing every row gives, also with null and unknown states."""
+    from nsysan.findings.evidence import fmt_ns
+    from nsysan.report.markdown import _STATE_GROUPS, _steps
+
+    steps = pl.DataFrame({"step": [0, 1, 2], "source": ["nvtx"] * 3,
+                          "warmup": [True, False, False], "start_ns": [0, 10, 20],
+                          "duration_ns": [10, 10, 10], "gpu_busy_frac": [0.5, 0.6, 0.7],
+                          "idle_ns": [1, 2, 3], "exposed_nccl_ns": [0, 1, 0],
+                          "h2d_unoverlapped_ns": [0, 0, 1]})
+    overlap = pl.DataFrame(
+        {"step": [0, 1, 1, 1, 2, 2, 2, None, 2],
+         "state": ["compute", "compute+nccl", "nccl", "idle", "h2d", None, "weird", "idle",
+                   "compute"],
+         "duration_ns": [5, 3, 2, 4, 7, 6, 1, 100, 8]},
+        schema={"step": pl.Int64, "state": pl.String, "duration_ns": pl.Int64})
+    lines = _steps(steps, overlap)
+    group = pl.lit("other")
+    for label, pattern in reversed(_STATE_GROUPS):
+        group = pl.when(pl.col("state").str.contains(pattern)).then(pl.lit(label)).otherwise(
+            group)
+    per_row = (overlap.filter(pl.col("step").is_in([1, 2])).with_columns(group.alias("g"))
+               .group_by("step", "g").agg(pl.col("duration_ns").sum()))
+    for label, _ in _STATE_GROUPS:
+        rows = per_row.filter(pl.col("g") == label)
+        if rows.height:
+            mean = rows["duration_ns"].sum() / 2
+            assert f"| {label} | {fmt_ns(mean)} |" in lines
+    assert "| idle | 2 ns |" in lines  # step 1's 4 ns and step 2's none, over 2 steps

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import polars as pl
 
 from nsysan.findings import streams
@@ -49,6 +50,16 @@ CAUSE_CATEGORY = {
     "sync_copy": "copy", "launch_bound": "launch", "sync_api": "sync",
     "profiler_overhead": "other",
 }
+
+
+def _by_start(df: pl.DataFrame) -> pl.DataFrame:
+    """``df.sort("start_ns")``, not sorted again when the starts already strictly increase
+    (the gaps of a one-device trace come so): without ties every sort gives that order."""
+    start = df["start_ns"]
+    if start.len() <= 1 or (start.null_count() == 0
+                            and bool((np.diff(start.to_numpy()) > 0).all())):
+        return df
+    return df.sort("start_ns")
 
 
 class NotEvaluated(Exception):  # a control-flow signal, not an error
@@ -192,7 +203,7 @@ class Context:
                                        & (pl.col("duration_ns") >= self.params.short_gap_max_ns)))
         cat = pl.col("cause").replace_strict(CAUSE_CATEGORY, default="other")
         if self.trace.has("gpu_ops") and self.trace.has("cuda_api") and g.height:
-            g = self._tag_blocked(g.sort("start_ns").lazy()).collect()
+            g = self._tag_blocked(g.sort("start_ns"))
             unexplained = pl.col("cause") == "no_cuda_activity"
             cat = (pl.when(unexplained & pl.col("_in_sync")).then(pl.lit("sync"))
                    .when(unexplained & pl.col("_in_copy")).then(pl.lit("copy")).otherwise(cat))
@@ -200,15 +211,24 @@ class Context:
         return g.with_columns(cat.alias("category"))
 
     @cached_property
+    def sync_calls(self) -> pl.DataFrame:
+        """The synchronising CUDA API calls of the whole trace (``api_class == "sync"``):
+        ``pid, name, start_ns, end_ns``, in trace order. Needs cuda_api (callers check).
+
+        Found once for the short-gap classification and HOST_SYNC_IN_STEP, and only these
+        columns gathered (the filter of every column of two million calls cost twice this)."""
+        return (self.trace.frame("cuda_api").lazy().filter(pl.col("api_class") == "sync")
+                .select(["pid", "name", "start_ns", "end_ns"]).collect())
+
+    @cached_property
     def _blocking_calls(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Per device, the union of host calls that block until the device drains: sync APIs
         of every process using the device, and pageable / synchronous copies to/from it."""
         ops = self.trace.frame("gpu_ops")
-        api = self.trace.frame("cuda_api")
         # the (pid, device) pairs, made distinct on one packed column
         pid_dev = distinct(ops.select("pid", "device_id")).lazy()
-        syncs = (api.lazy().filter(pl.col("api_class") == "sync")
-                 .select(["pid", "start_ns", "end_ns"]).join(pid_dev, on="pid"))
+        syncs = (self.sync_calls.lazy().select(["pid", "start_ns", "end_ns"])
+                 .join(pid_dev, on="pid"))
         copies = (self.bad_copies.lazy().filter(pl.col("api_start").is_not_null())
                   .select(["device_id", pl.col("api_start").alias("start_ns"),
                            pl.col("api_end").alias("end_ns")]))
@@ -216,17 +236,11 @@ class Context:
                                intervals.union(copies, by=["device_id"])])
         return s.sort("start_ns"), c.sort("start_ns")
 
-    def _tag_blocked(self, gaps: pl.LazyFrame) -> pl.LazyFrame:
+    def _tag_blocked(self, gaps: pl.DataFrame) -> pl.DataFrame:
         """Add ``_in_sync`` / ``_in_copy``: the gap starts inside a blocking host call."""
         syncs, copies = self._blocking_calls
-        for name, calls in (("_in_sync", syncs), ("_in_copy", copies)):
-            calls = calls.lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
-            gaps = (gaps.join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
-                                   strategy="backward", check_sortedness=False)
-                    .with_columns((pl.col("_ce").is_not_null()
-                                   & (pl.col("start_ns") < pl.col("_ce"))).alias(name))
-                    .drop(["_cs", "_ce"]))
-        return gaps
+        return gaps.with_columns(pl.Series("_in_sync", streams.starts_inside(gaps, syncs)),
+                                 pl.Series("_in_copy", streams.starts_inside(gaps, copies)))
 
     @cached_property
     def short_gaps(self) -> pl.DataFrame:
@@ -242,7 +256,7 @@ class Context:
         win = self.window
         if win is not None:
             gaps = gaps.filter((pl.col("start_ns") >= win[0]) & (pl.col("end_ns") <= win[1]))
-        tagged = self._tag_blocked(gaps.sort("start_ns")).collect()
+        tagged = self._tag_blocked(_by_start(gaps.collect()))
         # Only gaps that are neither sync nor copy need the launch test, so the launch calls
         # are looked up for those alone (a fraction of them on traces full of synchronous
         # copies) and scattered back into place.
@@ -283,17 +297,16 @@ class Context:
                    .filter(at_end).drop_nulls())  # an equi-join never matches nulls
         at = Keys([ops, ends], ["device_id"], ["start_ns"])
         end_key = at.pack(1, "start_ns").alias("_at")
+        if rows is not None:  # the earliest return per end key: a binary search per op
+            return streams.min_at(end_key, at.pack(0, "start_ns"), ops["_api_end"])
         ops = (ops.with_columns(at.pack(0, "start_ns").alias("_at"))
                .join(end_key.to_frame(), on="_at", how="semi"))  # only ops that end a gap
-        if rows is not None:
-            first_return = ops.group_by("_at").agg(pl.col("_api_end").min())
-        else:
-            first_return = (
-                join_on_op(ops.lazy().select(["_at", *OP_KEY]),
-                           api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
-                           [ops, api])
-                .group_by("_at").agg(pl.col("_api_end").min()).collect()
-            )
+        first_return = (
+            join_on_op(ops.lazy().select(["_at", *OP_KEY]),
+                       api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
+                       [ops, api])
+            .group_by("_at").agg(pl.col("_api_end").min()).collect()
+        )
         # a gap with a null device gets group code 0, which no (non-null) op has: no match
         return (end_key.to_frame().join(first_return, on="_at", how="left",
                                         maintain_order="left")["_api_end"])
@@ -382,8 +395,4 @@ class Context:
         Computed as |∪subset| − |∪subset ∩ ∪compute| against the compute union of the whole
         trace (memoised: compute outside the subset's span intersects nothing), so only the
         small subset is merged here."""
-        if subset.is_empty():
-            return 0
-        mine = intervals.union(subset.select(["device_id", "start_ns", "end_ns"]),
-                               by=["device_id"]).collect()
-        return streams.uncovered_ns(mine, streams.compute_blocks(self.trace))
+        return streams.exposed_ns(self.trace, subset)

@@ -243,8 +243,7 @@ def host_sync(ctx: Context) -> list[Finding]:
     long_ns, long_rows = _long_gap_ns(ctx, "sync")
     idle = int(short["duration_ns"].sum()) + long_ns
     share = idle / ctx.device_time_ns
-    syncs = ctx.in_window(ctx.trace.frame("cuda_api").filter(pl.col("api_class") == "sync"),
-                          ctx.count_window)
+    syncs = ctx.in_window(ctx.sync_calls, ctx.count_window)
     n = syncs.height
     per_step = _per_step(ctx, n)
     often = (per_step >= 1) if per_step is not None else n >= p.sync_min_count_without_steps

@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames.intervals import END, START
-from nsysan.frames.packed_keys import Keys
-from nsysan.frames.sweeps import sort_order
+from nsysan.frames.packed_keys import LIMIT, Keys
+from nsysan.frames.sweeps import sort_order, sorted_values
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -61,24 +61,57 @@ def enclosing(
         .filter(pl.col("_e") >= pl.col("_s"))
         .collect()
     )
-    keys = Keys([q, r], by, ["_s", "_e"])
-    q_key = keys.pack(0, "_s").to_numpy()
+    packed = _pack_one_key(q, r, by)
+    if packed is None:
+        keys = Keys([q, r], by, ["_s", "_e"])
+        packed = tuple(keys.pack(i, c).to_numpy() for i, c in ((0, "_s"), (1, "_s"), (1, "_e")))
+    q_key, r_start, r_end = packed
     order = sort_order(q_key)
     q_key = q_key[order]
     # Block of the queries starting in [range start, range end]: [lo, hi) in sorted order.
-    lo = np.searchsorted(q_key, keys.pack(1, "_s").to_numpy(), side="left")
-    n = np.searchsorted(q_key, keys.pack(1, "_e").to_numpy(), side="right") - lo
+    lo = np.searchsorted(q_key, r_start, side="left")
+    n = np.searchsorted(q_key, r_end, side="right") - lo
     n = n.clip(0)
     # Every (range, query of its block) pair: row k of a block is its first row plus k.
     r_rows = np.repeat(np.arange(len(n)), n)
     q_rows = order[np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(len(r_rows))]
+    # The end test in numpy, before any column is gathered: only the pairs kept are built.
+    inside = q["_e"].to_numpy()[q_rows] <= r["_e"].to_numpy()[r_rows]
+    q_rows, r_rows = q_rows[inside], r_rows[inside]
     return (
-        q.select(pl.col([*by, query_id, "_e"]).gather(q_rows))
-        .hstack(r.select(pl.col(range_id).gather(r_rows), pl.col("_e").gather(r_rows).alias("_re")))
-        .filter(pl.col("_e") <= pl.col("_re"))
-        .select([*by, query_id, range_id])
+        q.select(pl.col([*by, query_id]).gather(q_rows))
+        .hstack(r.select(pl.col(range_id).gather(r_rows)))
         .lazy()
     )
+
+
+def _pack_one_key(q: pl.DataFrame, r: pl.DataFrame, by: list[str],
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`enclosing`'s packed keys (query starts, range starts, range ends) in numpy, for one
+    Int64 ``by`` column (a thread id) or none, Int64 times and no nulls, when
+    ``(key - min key) * span + (time - min time)`` fits in 62 bits: the order and equalities
+    of `packed_keys.Keys` (so the same pairs in the same order), with a few numpy passes
+    instead of concatenating both frames' columns and packing each in polars. None: the
+    general keys."""
+    if len(by) > 1 or not q.height or not r.height:
+        return None
+    cols = [q["_s"], q["_e"], r["_s"], r["_e"], *(f[c] for f in (q, r) for c in by)]
+    if any(c.dtype != pl.Int64 or c.null_count() for c in cols):
+        return None
+    q_s, r_s, r_e = (c.to_numpy() for c in (cols[0], cols[2], cols[3]))
+    # Only these three are packed (a range's end is not below its start; a query's end,
+    # never packed, may be anything).
+    tmin = min(int(q_s.min()), int(r_s.min()))
+    span = max(int(q_s.max()), int(r_e.max())) - tmin + 1
+    if not by:
+        return (q_s - tmin, r_s - tmin, r_e - tmin) if span < LIMIT else None
+    q_g, r_g = cols[4].to_numpy(), cols[5].to_numpy()
+    g_lo = min(int(q_g.min()), int(r_g.min()))
+    n_keys = max(int(q_g.max()), int(r_g.max())) - g_lo + 1
+    if n_keys * span >= LIMIT:
+        return None
+    r_base = (r_g - g_lo) * span - tmin
+    return (q_g - g_lo) * span - tmin + q_s, r_base + r_s, r_base + r_e
 
 
 def innermost_enclosing(
@@ -266,7 +299,7 @@ def equal_shares(
     # replace joins on (by, time).
     keys = Keys([x], by, [start, end], low=2)
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
-    events = np.sort(np.concatenate([k_start << 1 | 1, k_end << 1]))
+    events = sorted_values(np.concatenate([k_start << 1 | 1, k_end << 1]))
     # The active count after all events at an instant: the running sum at its last event
     # (deltas sum to zero per group, so the sum restarts at every group by itself).
     count = np.cumsum((events & 1) * 2 - 1)

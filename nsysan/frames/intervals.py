@@ -55,8 +55,8 @@ def packed_blocks(keys: Keys, frame: int, start: str, end: str,
     # keys of the groups before and after it); so every interval that started so far has
     # ended, and the union has a gap, exactly where the (k+1)-th start lies after the k-th
     # end. A start exactly at that end touches the block and joins it.
-    s = np.sort(keys.pack(frame, start).to_numpy())
-    e = np.sort(keys.pack(frame, end).to_numpy())
+    s = sweeps.sorted_values(keys.pack(frame, start).to_numpy())
+    e = sweeps.sorted_values(keys.pack(frame, end).to_numpy())
     first = np.ones(len(s), bool)
     np.greater(s[1:], e[:-1], out=first[1:])
     last = np.ones(len(s), bool)
@@ -172,7 +172,7 @@ def state_code_segments(
     cls = x["_c"].to_numpy()
     events = np.concatenate([(keys.pack(0, start).to_numpy() << shift) + 2 * cls + 1,
                              (keys.pack(0, end).to_numpy() << shift) + 2 * cls])
-    events.sort()
+    events = sweeps.sorted_values(events)  # ops sorted by start: two runs
     key, code = sweeps.state_instants(events, shift, len(classes))
     # Segments are maximal runs of one state: keep the instants where the state changes. A
     # group's first instant has something active and its last nothing, so group boundaries are

@@ -203,21 +203,46 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
     memberships: the layer table (``lid, domain, name``) and the ``lid`` of every ``rix``."""
     # Names repeat a lot (one per layer call): naming the layer of each distinct name, not
     # of each range, runs the regexes over a few hundred strings instead of millions.
-    names = ranges.group_by("domain", "name").agg("rix")
+    nid, rep = _name_ids(ranges)
+    names = ranges.select("domain", "name")[rep]
     layer = layer_name(pl.col("name")) if group_numbered else pl.col("name")
-    names = names.with_columns(layer.alias("_layer"))
+    names = names.with_columns(layer.alias("_layer")).with_row_index("_nid")
     layer_tab = (
         names.select("domain", pl.col("_layer").alias("name")).unique().with_row_index("lid")
     )
-    per_rix = (
+    lid_of_name = (
         names.join(layer_tab, left_on=["domain", "_layer"], right_on=["domain", "name"],
                    how="left", nulls_equal=True)
-        .select("rix", "lid")
-        .explode("rix", empty_as_null=False)
+        .sort("_nid")["lid"].to_numpy()
     )
-    lid = np.zeros(ranges.height, np.uint32)
-    lid[per_rix["rix"].to_numpy()] = per_rix["lid"].to_numpy()
-    return layer_tab, pl.Series("lid", lid, pl.UInt32)
+    return layer_tab, pl.Series("lid", lid_of_name[nid].astype(np.uint32), pl.UInt32)
+
+
+def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """A dense id of every range's ``(domain, name)`` and one row of every id. Enum codes of
+    the two strings (a hash per string, no group-by building lists of rows; an Enum of the
+    column's own values, so no process-wide categorical state), packed into one integer and
+    made dense by a table of the codes present (or a sort)."""
+    if ranges.is_empty():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    domain, name = (
+        ranges[c].cast(pl.Enum(ranges[c].unique().drop_nulls())).to_physical()
+        .cast(pl.Int64).fill_null(-1).to_numpy() + 1
+        for c in ("domain", "name")
+    )
+    if (int(domain.max()) + 1) * (int(name.max()) + 1) >= 1 << 62:  # huge codes: rank them
+        domain, name = (np.unique(c, return_inverse=True)[1] for c in (domain, name))
+    code = domain * (int(name.max()) + 1) + name
+    if int(code.max()) < 4 * len(code) + 4096:
+        present = np.bincount(code) > 0
+        nid = (np.cumsum(present) - 1)[code]
+        n_ids = int(present.sum())
+    else:
+        _, nid = np.unique(code, return_inverse=True)
+        n_ids = int(nid.max()) + 1
+    rep = np.empty(n_ids, np.int64)
+    rep[nid] = np.arange(len(nid))  # any row of an id will do: they all hold its strings
+    return nid, rep
 
 
 def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
@@ -341,6 +366,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # A (launch, range) pair is listed once: distinct launches of a range = pairs with ops.
     launched = pairs.filter(pl.Series(has_ops)).select("launch_id", "rix")
     pair_rix = launched["rix"].to_numpy()
+    range_busy, layer_busy = sums.union_busies(inc, [(rix, n_ranges), (lid[rix], n_layers)])
     attribution = (
         ranges.select(
             "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
@@ -350,21 +376,20 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
             proj_start.alias("proj_start_ns"),
             proj_end.alias("proj_end_ns"),
             pl.Series("n_gpu_ops", np.bincount(pair_rix, minlength=n_ranges).astype(np.int64)),
-            pl.Series("gpu_busy_ns", sums.union_busy(rix, inc, n_ranges)),
+            pl.Series("gpu_busy_ns", range_busy),
             pl.Series("exclusive_gpu_ns", exclusive),
             pl.lit(trace_id).alias("trace_id"),
         )
     )
     total_gpu = _total_busy(trace, ops)
     attributed = int(owned_union["busy_ns"].sum())
-    layer_of = lid[rix]
     per_layer = pl.DataFrame({
         "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
         "instances": np.bincount(lid, minlength=n_layers).astype(np.int64),
         "exclusive_gpu_ns": _sum_by(lid, exclusive, n_layers),
         "n_gpu_ops": sums.distinct_counts(lid[pair_rix], launched["launch_id"].to_numpy(),
                                           n_layers),
-        "gpu_busy_ns": sums.union_busy(layer_of, inc, n_layers),
+        "gpu_busy_ns": layer_busy,
     })
     layers = (
         per_layer.filter(pl.col("instances") > 0)

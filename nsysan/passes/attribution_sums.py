@@ -8,12 +8,14 @@ the results back on the ranges (the attribution table is in ``rix`` order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
-from nsysan.frames.packed_keys import GROUP, Keys
-from nsysan.frames.sweeps import dense_codes
+from nsysan.frames.packed_keys import GROUP, LIMIT, Keys
+from nsysan.frames.sweeps import dense_codes, sorted_values
 
 _MAX = np.iinfo(np.int64).max
 _MIN = np.iinfo(np.int64).min
@@ -22,11 +24,23 @@ _MIN = np.iinfo(np.int64).min
 def _extreme(index: np.ndarray, values: pl.Series, n: int, lowest: bool) -> pl.Series:
     """Min (``lowest``) or max of ``values`` per index in ``[0, n)``, ignoring nulls; null
     where an index has no value (a group-by's ``min``/``max``)."""
-    ok = values.is_not_null().to_numpy()
-    idx, v = index[ok], values.filter(pl.Series(ok)).to_numpy().astype(np.int64)
+    if values.null_count():
+        ok = values.is_not_null().to_numpy()
+        idx, v = index[ok], values.filter(pl.Series(ok)).to_numpy().astype(np.int64)
+    else:
+        idx, v = index, values.to_numpy().astype(np.int64, copy=False)
     out = np.full(n, _MAX if lowest else _MIN, np.int64)
-    (np.minimum if lowest else np.maximum).at(out, idx, v)
-    seen = np.bincount(idx, minlength=n) > 0
+    op = np.minimum if lowest else np.maximum
+    if len(idx) and np.all(idx[1:] >= idx[:-1]):
+        # Memberships come in range order: each index's values are one run, reduced at once
+        # (an unbuffered ``ufunc.at`` costs several times a reduction).
+        firsts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        out[idx[firsts]] = op.reduceat(v, firsts)
+        seen = np.zeros(n, bool)
+        seen[idx[firsts]] = True
+    else:
+        op.at(out, idx, v)
+        seen = np.bincount(idx, minlength=n) > 0
     return pl.Series(out).set(pl.Series(~seen), None)
 
 
@@ -52,11 +66,78 @@ def union_busy(group: np.ndarray, members: pl.DataFrame, n_groups: int) -> np.nd
     """Per group in ``[0, n_groups)``: the union of its intervals (``members``' rows:
     ``device_id, start_ns, end_ns``, ``device_id`` non-null) per device, summed over
     devices (what `intervals.total` by ``[group, device_id]`` then a sum per group gives)."""
+    return union_busies(members, [(group, n_groups)])[0]
+
+
+def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, int]],
+                 ) -> list[np.ndarray]:
+    """`union_busy` of the same ``members`` under several groupings (``group, n_groups``,
+    e.g. per range and per layer): the rows, devices and times are read once."""
     ok = (members["end_ns"] > members["start_ns"]).fill_null(False)
-    x = members.filter(ok).select("device_id", "start_ns", "end_ns")
-    device, devices = dense_codes(x["device_id"].cast(pl.Int64))
-    n_dev = max(len(devices), 1)
-    code = group[ok.to_numpy()].astype(np.int64) * n_dev + device
+    every = bool(ok.all())
+    x = (members if every else members.filter(ok)).select("device_id", "start_ns", "end_ns")
+    keep = None if every else ok.to_numpy()
+    device, n_dev = _device_codes(x["device_id"])
+    start, end = x["start_ns"].to_numpy(), x["end_ns"].to_numpy()
+    out = []
+    for group, n_groups in groupings:  # per grouping, not per row
+        code = (group if keep is None else group[keep]).astype(np.int64)
+        if device is not None:
+            code = code * n_dev + device
+        packed = _pack(code, n_groups * n_dev, start, end)
+        if packed is None:  # times too far apart to pack next to the codes: the general keys
+            out.append(_union_busy_keys(code, x, n_dev, n_groups))
+            continue
+        starts, ends, span = packed
+        # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
+        s, e = sorted_values(starts), sorted_values(ends)
+        first = np.ones(len(s), bool)
+        np.greater(s[1:], e[:-1], out=first[1:])
+        last = np.ones(len(s), bool)
+        last[:-1] = first[1:]
+        bs = s[first]
+        # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
+        # difference of running sums at the run's bounds, found by a binary search per
+        # group (no division or scatter per block).
+        total = np.zeros(len(bs) + 1, np.int64)
+        np.cumsum(e[last] - bs, out=total[1:])
+        bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
+        out.append(total[bounds[1:]] - total[bounds[:-1]])
+    return out
+
+
+def _device_codes(device: pl.Series) -> tuple[np.ndarray | None, int]:
+    """Dense 0-based codes of the (non-null) device ids and their count (at least 1); None
+    for the codes when there is one device (or none)."""
+    d = device.cast(pl.Int64).to_numpy()
+    if not len(d) or int(d.min()) == int(d.max()):
+        return None, 1
+    lo, hi = int(d.min()), int(d.max())
+    if hi - lo < 1 << 16:  # few devices in a small range (as always): a lookup table
+        present = np.bincount(d - lo) > 0
+        return (np.cumsum(present) - 1)[d - lo], int(present.sum())
+    code, devices = dense_codes(device.cast(pl.Int64))
+    return code, len(devices)
+
+
+def _pack(code: np.ndarray, n_codes: int, start: np.ndarray, end: np.ndarray,
+          ) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``code * span + (time - min time)`` of the starts and ends (Int64, ordered by code,
+    then time) and ``span``; None when that would not fit in 62 bits."""
+    if not len(code):
+        return code, code, 1
+    tmin = int(start.min())
+    span = int(end.max()) - tmin + 1
+    if n_codes * span >= LIMIT:
+        return None
+    base = code * span - tmin
+    return base + start, base + end, span
+
+
+def _union_busy_keys(code: np.ndarray, x: pl.DataFrame, n_dev: int, n_groups: int,
+                     ) -> np.ndarray:
+    """`union_busy` through `packed_keys.Keys`, which ranks the times when they are too far
+    apart to pack as offsets."""
     keys = Keys([x.with_columns(pl.Series("_c", code))], ["_c"], ["start_ns", "end_ns"])
     g, bs, be = iv.packed_blocks(keys, 0, "start_ns", "end_ns")
     block_code = keys.attach_by(pl.DataFrame({GROUP: g}, schema={GROUP: pl.Int64}))["_c"]

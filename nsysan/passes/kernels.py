@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
@@ -53,35 +54,13 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     name = pl.col("demangled_name")
     if ops.get_column("demangled_name").null_count():
         name = pl.coalesce("demangled_name", "name").alias("demangled_name")
-    cols = [
-        "start_ns", "op_class", pl.col("name").alias("short_name"), name,
-        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
-    ]
-    is_kernel = pl.col("kind") == "kernel"
     rows = op_link.api_rows(trace)
-    if rows is not None:
-        # Every op's launching call is known (distinct API keys): gather its bounds. Only the
-        # columns read here are taken before the kernel rows are copied.
-        kernels = (
-            ops.select("kind", "start_ns", "end_ns", "op_class", "name", "demangled_name")
-            .with_columns(pl.Series("_row", rows)).filter(is_kernel).select(*cols, "_row")
+    launched = _launch_stats(ops, trace.cuda_api, rows, name) if rows is not None else None
+    if launched is None:
+        launched = _launched_polars(trace, rows, name).with_columns(
+            (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
+            (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
         )
-        api = trace.cuda_api
-        launched = kernels.with_columns(
-            op_link.gather(api["start_ns"], kernels["_row"]).alias("_api_start"),
-            op_link.gather(api["end_ns"], kernels["_row"]).alias("_api_end"),
-        ).drop("_row")
-    else:
-        key = op_key([ops, trace.cuda_api])
-        api_lf = trace.cuda_api.lazy().select(
-            key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
-        )
-        launched = _launched_by(ops.lazy().filter(is_kernel).select(key, *cols).collect(),
-                                api_lf).collect()
-    launched = launched.with_columns(
-        (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
-        (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
-    )
     summary = _summary(launched, params.tiny_kernel_ns).lazy()
     table = (
         tc.classify(summary)
@@ -99,6 +78,65 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
 
 
 _MODES = ("short_name", "op_class")
+
+
+def _launched_polars(trace: Trace, rows: np.ndarray | None, name: pl.Expr) -> pl.DataFrame:
+    """The kernel rows with their op bounds and their calls' bounds (``_api_start,
+    _api_end``, null when unknown): `_launch_stats` in polars, for null call bounds or
+    several calls holding one op key."""
+    ops = trace.gpu_ops
+    cols = [
+        "start_ns", "op_class", pl.col("name").alias("short_name"), name,
+        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
+    ]
+    is_kernel = pl.col("kind") == "kernel"
+    if rows is not None:
+        # Every op's launching call is known (distinct API keys): gather its bounds. Only the
+        # columns read here are taken before the kernel rows are copied.
+        kernels = (
+            ops.select("kind", "start_ns", "end_ns", "op_class", "name", "demangled_name")
+            .with_columns(pl.Series("_row", rows)).filter(is_kernel).select(*cols, "_row")
+        )
+        api = trace.cuda_api
+        return kernels.with_columns(
+            op_link.gather(api["start_ns"], kernels["_row"]).alias("_api_start"),
+            op_link.gather(api["end_ns"], kernels["_row"]).alias("_api_end"),
+        ).drop("_row")
+    key = op_key([ops, trace.cuda_api])
+    api_lf = trace.cuda_api.lazy().select(
+        key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
+    )
+    return _launched_by(ops.lazy().filter(is_kernel).select(key, *cols).collect(),
+                        api_lf).collect()
+
+
+def _launch_stats(ops: pl.DataFrame, api: pl.DataFrame, rows: np.ndarray,
+                  name: pl.Expr) -> pl.DataFrame | None:
+    """The kernel rows of ``ops`` as `_summary` reads them (``demangled_name, short_name,
+    op_class, _dur, _api_dur, _queue``, in op order), their launching calls at ``rows``
+    (`op_link.api_rows`); None when some call's start or end is null (the polars path).
+
+    The call's duration and the queueing time are numpy gathers of the call bounds: two
+    polars gathers through a null-masked index and two subtractions per kernel cost several
+    times more on a million kernels."""
+    a_start, a_end = api["start_ns"], api["end_ns"]
+    if a_start.null_count() or a_end.null_count():
+        return None
+    is_kernel = (ops["kind"] == "kernel").fill_null(False)
+    kernels = ops.select(
+        name, pl.col("name").alias("short_name"), "op_class",
+        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"), "start_ns",
+    ).filter(is_kernel)  # (the columns read first: a filter copies every column it keeps)
+    row = rows[is_kernel.to_numpy()]
+    linked = row >= 0
+    at = np.where(linked, row, 0) if api.height else np.zeros(row.size, np.int64)
+    s = a_start.to_numpy()[at] if api.height else at
+    e = a_end.to_numpy()[at] if api.height else at
+    api_dur, queue = pl.Series("_api_dur", e - s), kernels["start_ns"] - pl.Series(s)
+    if not linked.all():  # ops whose call is unknown: null statistics
+        unknown = pl.Series(~linked)
+        api_dur, queue = api_dur.set(unknown, None), queue.set(unknown, None)
+    return kernels.drop("start_ns").with_columns(api_dur, queue.alias("_queue"))
 
 
 def _summary(launched: pl.DataFrame, tiny_ns: int) -> pl.DataFrame:

@@ -199,8 +199,12 @@ def _n_ranks(trace: Trace, params: NcclParams, kernels: pl.DataFrame) -> pl.Data
     if params.n_ranks is not None:
         return pids.with_columns(pl.lit(params.n_ranks, pl.Int64).alias("n_ranks"))
     nvtx = trace.frame("nvtx")
+    # The regex is anchored on "ncclComm": an eager prefix test first spares it every other
+    # name (a lazy plan would fuse both tests into one predicate over every row).
     from_payload = (
-        nvtx.lazy()
+        nvtx.select("pid", "name", "payload_json")
+        .filter(pl.col("name").str.starts_with("ncclComm").fill_null(False))
+        .lazy()
         .filter(pl.col("name").str.contains(_COMM_INIT_RE).fill_null(False))
         .select("pid", pl.col("payload_json").str.extract(_N_RANKS_RE, 1).cast(pl.Int64)
                 .alias("_n"))
@@ -231,9 +235,10 @@ def _exposure(trace: Trace, kern: pl.DataFrame) -> tuple[pl.Series, int]:
     spans = kern.select("device_id", "start_ns", "end_ns")
     compute = device_blocks.union(trace, ["compute"], timed=True)
     mine = iv.union(spans, ["device_id"]).collect()
-    exposed = int((mine["end_ns"] - mine["start_ns"]).sum()
-                  - device_blocks.covered(compute, mine).sum())
-    return device_blocks.covered(compute, spans), exposed
+    # One coverage pass over both (one walk over each device's compute blocks, not two).
+    both = device_blocks.covered(compute, pl.concat([spans, mine]))
+    exposed = int((mine["end_ns"] - mine["start_ns"]).sum() - both.slice(spans.height).sum())
+    return both.head(spans.height), exposed
 
 
 def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:

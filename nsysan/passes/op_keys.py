@@ -37,8 +37,16 @@ def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
     """
     both = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
     fallback = pl.when(both).then(pl.struct(OP_KEY)).alias(KEY)
-    pids = pl.concat([f.get_column("global_pid").unique() for f in sources]).unique()
-    pids = pids.drop_nulls().sort()
+    # One process per trace is common (a trace per rank): its min and max are equal, and then
+    # neither the distinct pids (a hash of every row) nor a lookup per row are needed.
+    ends = {f.get_column("global_pid").min() for f in sources} | {
+        f.get_column("global_pid").max() for f in sources}
+    ends.discard(None)
+    if len(ends) == 1:
+        pids = pl.Series(list(ends), dtype=pl.Int64)
+    else:
+        pids = pl.concat([f.get_column("global_pid").unique() for f in sources]).unique()
+        pids = pids.drop_nulls().sort()
     corr = pl.concat([f.get_column("correlation_id") for f in sources])
     lo, hi = corr.min(), corr.max()
     if lo is None or hi is None or pids.is_empty():
@@ -46,9 +54,12 @@ def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
     span = int(hi) - int(lo) + 1  # type: ignore[arg-type]
     if span * pids.len() >= _LIMIT:
         return fallback
+    offset = pl.col("correlation_id") - lo
+    if pids.len() == 1:  # code 0: the offset, null where the pid is
+        return pl.when(pl.col("global_pid").is_not_null()).then(offset).alias(KEY)
     codes = dict(zip(pids.to_list(), range(pids.len()), strict=True))
     code = pl.col("global_pid").replace_strict(codes, default=None, return_dtype=pl.Int64)
-    return (code * span + (pl.col("correlation_id") - lo)).alias(KEY)
+    return (code * span + offset).alias(KEY)
 
 
 def join_on_op(

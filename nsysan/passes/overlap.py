@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
@@ -50,6 +51,31 @@ def _stream_concurrency(ops: pl.DataFrame) -> pl.LazyFrame:
         ops, ["device_id"], ["pid", "stream_id"],
         "max_stream_concurrency", "mean_stream_concurrency",
     ).lazy()
+
+
+def _spans(segs: pl.DataFrame) -> pl.DataFrame:
+    """``device_id, _s, _e``: each device's span. The segments tile each device's span and
+    come sorted by device, then start: the span runs from a device's first segment to its
+    last (no group-by)."""
+    dev = segs["device_id"]
+    if dev.null_count() == 0:  # the runs' bounds by one numpy comparison of neighbours
+        d = dev.to_numpy()
+        change = np.flatnonzero(d[1:] != d[:-1]) + 1
+        first, last = np.r_[0, change], np.r_[change - 1, len(d) - 1]
+        return pl.DataFrame([dev.gather(first), segs["start_ns"].gather(first).alias("_s"),
+                             segs["end_ns"].gather(last).alias("_e")])
+    return _spans_by_exprs(segs)
+
+
+def _spans_by_exprs(segs: pl.DataFrame) -> pl.DataFrame:
+    """`_spans` for any device column (nulls: one device of their own)."""
+    col = pl.col("device_id")
+    first = col.ne_missing(col.shift(1)) | (pl.int_range(pl.len()) == 0)
+    last = col.ne_missing(col.shift(-1)) | (pl.int_range(pl.len()) == pl.len() - 1)
+    return segs.select(
+        col.filter(first), pl.col("start_ns").filter(first).alias("_s"),
+        pl.col("end_ns").filter(last).alias("_e"),
+    )
 
 
 def _per_step(states: pl.DataFrame, spans: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
@@ -95,15 +121,7 @@ def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
     parts = [whole.lazy()]
     steps = step_windows(results) if params.per_step else None
     if steps is not None and not segs_df.is_empty():
-        # The segments tile each device's span and come sorted by device, then start: the
-        # span runs from a device's first segment to its last (no group-by).
-        dev = pl.col("device_id")
-        first = dev.ne_missing(dev.shift(1)) | (pl.int_range(pl.len()) == 0)
-        last = dev.ne_missing(dev.shift(-1)) | (pl.int_range(pl.len()) == pl.len() - 1)
-        spans = segs_df.select(
-            dev.filter(first), pl.col("start_ns").filter(first).alias("_s"),
-            pl.col("end_ns").filter(last).alias("_e"),
-        )
+        spans = _spans(segs_df)
         windows = steps.select("step", "start_ns", "end_ns")
         per_step = _per_step(step_states(trace, segs_df, windows), spans, windows)
         parts.append(per_step.select("device_id", "step", label, "duration_ns"))

@@ -36,7 +36,10 @@ def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | 
         & (pl.col("end_ns") > pl.col("start_ns"))
         & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
         & match.fill_null(False)
-    ).with_columns(_name_key().alias("key"))
+    ).select("global_tid", "global_pid", "pid", "start_ns", "end_ns", _name_key().alias("key"))
+    # Collected once: both the choice of the group and its instances read it, and a lazy
+    # frame would run the regex over every NVTX name for each.
+    cand = cand.collect().lazy()
     groups = (
         cand.group_by("global_tid", "key")
         .agg(pl.len().alias("n"), pl.col("start_ns").min().alias("first"))
@@ -77,24 +80,60 @@ def _step_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarra
     return cpu["step"].to_numpy()[row_], inside
 
 
+def _call_steps(cpu: pl.DataFrame, start: pl.Series) -> np.ndarray | None:
+    """For every call (``start``: the ``cuda_api`` starts), the row of ``cpu`` whose range
+    holds its start, -1 where none does; None unless the starts are sorted and not null.
+
+    What `_step_of` finds with a binary search per call, but the few step bounds are
+    searched among the sorted call starts instead: the ranges are sorted and disjoint, so the
+    calls of range k are the rows ``[lo_k, hi_k)``, and a running sum of +(k+1) at ``lo_k``
+    and -(k+1) at ``hi_k`` labels every row in one linear pass (tens of times cheaper than
+    a million binary searches)."""
+    if start.null_count() or not start.is_sorted():
+        return None
+    t = start.to_numpy()
+    lo = np.searchsorted(t, cpu["start_ns"].to_numpy(), side="left")
+    hi = np.searchsorted(t, cpu["end_ns"].to_numpy(), side="left")
+    label = np.arange(1, cpu.height + 1, dtype=np.int64)
+    marks = np.zeros(t.size + 1, np.int64)
+    np.add.at(marks, lo, label)  # (a range's hi may be the next one's lo)
+    np.add.at(marks, hi, -label)
+    return np.cumsum(marks[:-1]) - 1
+
+
 def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
     """``step, global_tid, _os, _oe``: every GPU op launched by an API call of process ``pid``
     that starts inside a CPU step range, with the call's step and thread and the op's bounds
     (one row per (call, op) pair)."""
     ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
     rows = op_link.api_rows(trace)
+    of_call = _call_steps(cpu, api["start_ns"]) if rows is not None else None
+    if rows is not None and of_call is not None:
+        # Every op's call is known and every call's step too: a gather per op. The last
+        # slot (-1) is read by ops without a call (row -1).
+        of_call[~(api["pid"] == pid).fill_null(False).to_numpy()] = -1
+        k = np.append(of_call, -1)[rows]
+        op_rows = np.flatnonzero(k >= 0)
+        return pl.DataFrame([
+            pl.Series("step", cpu["step"].to_numpy()[k[op_rows]]),
+            api["global_tid"].gather(rows[op_rows]),
+            ops["start_ns"].gather(op_rows).alias("_os"),
+            ops["end_ns"].gather(op_rows).alias("_oe"),
+        ])
     if rows is not None:  # every op's call is known: gather the calls, no join
-        # Only the call's process and start decide whether an op counts: gather those two
-        # first, then the thread and the op bounds of the ops that count only.
+        # Only the call's process and start decide whether an op counts. The process test
+        # runs once per call and is gathered as a flag, so the binary search for the step
+        # reads only the ops of the process; then the thread and the op bounds of the ops
+        # that count.
         linked = np.flatnonzero(rows >= 0)
-        call = pl.Series(rows[linked])
-        calls = api.select(pl.col("pid", "start_ns").gather(call))
-        step, inside = _step_of(cpu, calls["start_ns"])
-        inside &= (calls["pid"] == pid).fill_null(False).to_numpy()
+        call = rows[linked]
+        same = (api["pid"] == pid).fill_null(False).to_numpy()[call]
+        linked, call = linked[same], call[same]
+        step, inside = _step_of(cpu, api["start_ns"].gather(call))
         op_rows = pl.Series(linked[inside])
         return pl.DataFrame([
             pl.Series("step", step[inside]),
-            api["global_tid"].gather(call.filter(pl.Series(inside))),
+            api["global_tid"].gather(call[inside]),
             ops["start_ns"].gather(op_rows).alias("_os"),
             ops["end_ns"].gather(op_rows).alias("_oe"),
         ])

@@ -142,9 +142,14 @@ def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str
         for label, pattern in reversed(_STATE_GROUPS):
             group = pl.when(pl.col("state").str.contains(pattern)).then(pl.lit(label)).otherwise(
                 group)
+        # the patterns are tested once per distinct state, not once per row
+        states = overlap.select(pl.col("state").unique().drop_nulls()).with_columns(
+            group.alias("group"))
+        of_state = dict(zip(states["state"].to_list(), states["group"].to_list(), strict=True))
         per_step = (
             overlap.filter(pl.col("step").is_not_null())
-            .with_columns(group.alias("group"))
+            .with_columns(pl.col("state").replace_strict(of_state, default="other",
+                                                         return_dtype=pl.String).alias("group"))
             .group_by("step", "group").agg(pl.col("duration_ns").sum())
             .pivot(on="group", index="step", values="duration_ns")
             .fill_null(0)

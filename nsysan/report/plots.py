@@ -58,23 +58,60 @@ def _coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.nda
     return np.diff(covered_before(starts, ends, edges)) / np.maximum(np.diff(edges), 1)
 
 
+def _covered_by_both(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray,
+                     t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Length of A, and of A ∪ B, before each instant of ``t``, for two sets of sorted
+    disjoint blocks: |A ∪ B| = |A| + |B| − |A ∩ B|, where A's part of B is, per block of B, a
+    difference of A's prefix sums (integers: exactly the covered length of the union of the
+    ops of A and of B, without another union of them)."""
+    idx = np.searchsorted(b_s, t, side="right") - 1
+    i = np.clip(idx, 0, None)
+    if not b_s.size:
+        a_t = covered_before(a_s, a_e, t)
+        return a_t, a_t
+    # A's prefix sums at every point needed, in one search (A may have a block per op)
+    n, m = b_s.size, t.size
+    under = covered_before(a_s, a_e, np.concatenate(
+        [b_e, b_s, np.minimum(t, b_e[i]), b_s[i], t]))
+    in_b = under[:n] - under[n:2 * n]  # |A ∩ B block|
+    cum = np.concatenate([[0], np.cumsum(in_b)])
+    part = under[2 * n:2 * n + m] - under[2 * n + m:2 * n + 2 * m]
+    both = np.where(idx >= 0, cum[i] + part, 0)
+    a_t = under[2 * n + 2 * m:]
+    return a_t, a_t + covered_before(b_s, b_e, t) - both
+
+
+def _present_classes(op_classes: pl.Series) -> set[str | None]:
+    """The distinct ``op_classes``, any other value (or null) as `device_blocks.OTHER`."""
+    known = set(OVERLAP_CLASS_OF_OP_CLASS)
+    return {c if c in known else device_blocks.OTHER for c in op_classes.to_list()}
+
+
 def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                      window: tuple[int, int] | None = None,
                      n_bins: int = 600) -> list[DeviceTimeline]:
     """Binned per-device activity from gpu_ops (and gaps / steps tables when present)."""
     if not trace.has("gpu_ops") or trace.gpu_ops.is_empty():
         return []
-    spans = (trace.gpu_ops.lazy().filter(pl.col("start_ns") > 0)
-             .group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-             .collect())
+    ops = trace.gpu_ops.lazy()
+    spans, classes = pl.collect_all([  # (side by side in polars' threads)
+        ops.filter(pl.col("start_ns") > 0)
+        .group_by("device_id").agg(pl.col("start_ns").min(), pl.col("end_ns").max()),
+        ops.select(pl.col("op_class").unique())])
     # Every union is cut from the GPU ops that the gaps pass sorted already (device_blocks):
-    # the busy union (which the findings' short-gap classification used too), one per class
-    # (an op_class outside the overlap classes counts as compute), compute ∪ nccl.
-    of_cls = {c: [op for op, k in OVERLAP_CLASS_OF_OP_CLASS.items() if k == c] for c in CLASSES}
-    of_cls["compute"].append(device_blocks.OTHER)
-    per_cls = {c: device_blocks.blocks(trace, ops, keep=False) for c, ops in of_cls.items()}
+    # the busy union (which the findings' short-gap classification used too) and one per
+    # class (an op_class outside the overlap classes counts as compute); compute ∪ nccl is
+    # measured from the compute and nccl blocks (`_covered_by_both`), not cut again.
+    # Only the classes present are cut (an absent class has no lane); without an op of any
+    # other class the compute lane is the compute union the nccl pass memoised already.
+    present = _present_classes(classes.to_series())
+    of_cls = {c: [op for op, k in OVERLAP_CLASS_OF_OP_CLASS.items() if k == c and op in present]
+              for c in CLASSES}
+    if device_blocks.OTHER in present:
+        of_cls["compute"].append(device_blocks.OTHER)
+    per_cls = {c: device_blocks.blocks(trace, sel, keep=False)
+               for c, sel in of_cls.items() if sel}
     busy = device_blocks.blocks(trace)
-    nc = device_blocks.blocks(trace, [*of_cls["compute"], *of_cls["nccl"]], keep=False)
     gaps = tables.get("gaps")
     steps = tables.get("steps")
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
@@ -87,12 +124,20 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
 
         # (a null device id gets no blocks: the equality filter this replaces matched none)
         mine = {c: b.of(dev) if dev is not None else (np.zeros(0), np.zeros(0))
-                for c, b in [*per_cls.items(), ("busy", busy), ("nc", nc)]}
-        lanes = {c: _coverage(*mine[c], edges) for c in per_cls if mine[c][0].size}
+                for c, b in [*per_cls.items(), ("busy", busy)]}
+        drawn = [c for c in per_cls if mine[c][0].size]
+        width = np.maximum(np.diff(edges), 1)
+        # compute, and compute ∪ nccl (exposed nccl: the part compute leaves), from the same
+        # prefix sums of the compute blocks
+        none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        shared = (_covered_by_both(*mine.get("compute", none), *mine["nccl"], edges)
+                  if "nccl" in drawn else None)
+        lanes = {c: np.diff(shared[0]) / width if c == "compute" and shared is not None
+                 else _coverage(*mine[c], edges) for c in drawn}
         b = _coverage(*mine["busy"], edges)
-        if "nccl" in lanes:
-            nc_share = _coverage(*mine["nc"], edges)
-            lanes["exposed nccl"] = np.clip(nc_share - lanes.get("compute", 0.0), 0, 1)
+        if shared is not None:
+            lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
+                                            - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
@@ -137,6 +182,15 @@ def layers_png(layers: pl.DataFrame, path: Path, top: int = 15) -> Path:
 # ---------------------------------------------------------------------------------------------
 # HTML (inline SVG, hover titles)
 # ---------------------------------------------------------------------------------------------
+def _fracs(values: np.ndarray) -> list[str]:
+    """`fmt_frac` of each value, every distinct value formatted once (most bins of a lane
+    share a few values: 0, 1); distinct by bit pattern, as -0.0 prints differently."""
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
+    uniq, inv = np.unique(bits, return_inverse=True)
+    texts = [fmt_frac(v) for v in uniq.view(np.float64).tolist()]
+    return [texts[k] for k in inv.ravel().tolist()]
+
+
 def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
     lanes = list(tl.lanes)
     top_h, lane_h = 120, 14
@@ -144,23 +198,28 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
     t0, t1 = int(tl.edges[0]), int(tl.edges[-1])
     scale = width / max(t1 - t0, 1)
     bw = width / (tl.edges.size - 1)
+    n_bins = tl.edges.size - 1
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 90}" height="{h}" '
            f'class="tl"><g transform="translate(90,0)">']
-    # Each share is formatted once (the tooltips of the busy bars and of the lane cells repeat
-    # them), from plain floats: numpy scalars cost more per operation.
+    # What the bars of every row share is formatted once per bin (x, the bin's time) or once
+    # (the width), and each share once per distinct value: the busy bars' tooltips repeat
+    # every lane's shares, and the lane cells repeat them again.
+    xs = [f"{i * bw:.2f}" for i in range(n_bins)]
+    secs = [f"{s:.6f}" for s in (tl.edges[:n_bins] / 1e9).tolist()]
+    bar_w = f"{bw + 0.3:.2f}"
     shares = {n: tl.lanes[n].tolist() for n in lanes}
-    texts = {n: [fmt_frac(v) for v in shares[n]] for n in lanes}
-    secs = (tl.edges / 1e9).tolist()
+    texts = {n: _fracs(tl.lanes[n]) for n in lanes}
     busy = tl.busy.tolist()
-    n_bins = tl.edges.size - 1
+    busy_texts = _fracs(tl.busy)
     tips = ([", ".join(parts) for parts in zip(*([f"{n} {t}" for t in texts[n]] for n in lanes),
                                                 strict=True)]
             if lanes else [""] * n_bins)
+    fill = _COLORS["compute"]
     for i in range(n_bins):  # one rect per bin (bounded by n_bins), not per event
         bh = top_h * busy[i]
-        out.append(f'<rect x="{i * bw:.2f}" y="{top_h - bh:.2f}" width="{bw + 0.3:.2f}" '
-                   f'height="{bh:.2f}" fill="{_COLORS["compute"]}" fill-opacity="0.55">'
-                   f'<title>{secs[i]:.6f} s: busy {fmt_frac(busy[i])}; '
+        out.append(f'<rect x="{xs[i]}" y="{top_h - bh:.2f}" width="{bar_w}" '
+                   f'height="{bh:.2f}" fill="{fill}" fill-opacity="0.55">'
+                   f'<title>{secs[i]} s: busy {busy_texts[i]}; '
                    f'{html.escape(tips[i])}</title></rect>')
     for s, e, d, cause, detail in tl.gaps.iter_rows():
         x = (s - t0) * scale
@@ -172,12 +231,11 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
         y = top_h + 4 + j * lane_h
         out.append(f'<text x="-4" y="{y + 10}" text-anchor="end" font-size="10">'
                    f'{html.escape(n)}</text>')
-        color = _COLORS.get(n, "#555")
+        head = f'" y="{y}" width="{bar_w}" height="{lane_h - 2}" fill="{_COLORS.get(n, "#555")}"'
         for i, (v, text) in enumerate(zip(shares[n], texts[n], strict=True)):
             if v > 0.005:
-                out.append(f'<rect x="{i * bw:.2f}" y="{y}" width="{bw + 0.3:.2f}" '
-                           f'height="{lane_h - 2}" fill="{color}" fill-opacity="{min(v, 1):.2f}">'
-                           f'<title>{n}: {text} of {secs[i]:.6f} s bin</title></rect>')
+                out.append(f'<rect x="{xs[i]}{head} fill-opacity="{min(v, 1):.2f}">'
+                           f'<title>{n}: {text} of {secs[i]} s bin</title></rect>')
     out.append(f'<text x="0" y="{h - 4}" font-size="10">{t0 / 1e9:.3f} s</text>'
                f'<text x="{width}" y="{h - 4}" font-size="10" text-anchor="end">'
                f'{t1 / 1e9:.3f} s</text></g></svg>')
