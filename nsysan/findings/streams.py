@@ -20,8 +20,8 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks, op_link
 from nsysan.passes.device_blocks import covered_before, gaps_between
 
-__all__ = ["busy_blocks", "compute_blocks", "covered_before", "exposed_ns", "forget",
-           "gaps_between", "min_at", "starts_inside", "uncovered_ns"]
+__all__ = ["busy_blocks", "covered_before", "exposed_ns", "forget", "gaps_between", "min_at",
+           "starts_inside"]
 
 
 def forget(trace: Trace) -> None:
@@ -36,26 +36,6 @@ def busy_blocks(trace: Trace) -> pl.DataFrame:
     end_ns``, sorted by device then start (the blocks of `intervals.union`; the gaps pass
     built them already, `device_blocks`)."""
     return device_blocks.union(trace)
-
-
-def compute_blocks(trace: Trace) -> pl.DataFrame:
-    """Union of the compute kernels (``op_class == "compute"``) per device, sorted."""
-    return device_blocks.union(trace, ["compute"], timed=False)
-
-
-def uncovered_ns(blocks: pl.DataFrame, cover: pl.DataFrame) -> int:
-    """Total length of sorted disjoint ``blocks`` not under sorted disjoint ``cover`` (both
-    ``device_id, start_ns, end_ns``), matched per device; a null device matches nothing."""
-    total = 0
-    for (dev,), b in blocks.group_by(["device_id"]):  # one iteration per device
-        s, e = b["start_ns"].to_numpy(), b["end_ns"].to_numpy()
-        total += int((e - s).sum())
-        if dev is None:
-            continue
-        c = cover.filter(pl.col("device_id") == dev)
-        cs, ce = c["start_ns"].to_numpy(), c["end_ns"].to_numpy()
-        total -= int((covered_before(cs, ce, e) - covered_before(cs, ce, s)).sum())
-    return total
 
 
 def starts_inside(df: pl.DataFrame, blocks: pl.DataFrame) -> np.ndarray:
@@ -134,7 +114,7 @@ def min_at(keys: pl.Series, at: pl.Series, values: pl.Series) -> pl.Series:
 def exposed_ns(trace: Trace, subset: pl.DataFrame) -> int:
     """|∪subset| − |∪subset ∩ ∪compute| per device, summed: the time of ``subset``
     (``device_id, start_ns, end_ns``; rows of positive length) that no compute kernel
-    covers, as `uncovered_ns` of the subset's union against `compute_blocks` gives.
+    covers (the union of the compute kernels, ``device_blocks.union(trace, ["compute"])``).
 
     The subset (copies, a few thousand at most) is merged in numpy, device by device, and
     measured against the memoised compute blocks of its device by prefix sums: the fixed
