@@ -99,16 +99,6 @@ def test_frames_from_the_cache_come_in_one_chunk(tmp_path: Path) -> None:
     assert got.n_chunks("all") == [1, 1] and got.equals(df)
 
 
-def test_cache_files_hold_one_row_group(tmp_path: Path) -> None:
-    # Polars would write 300k rows in several row groups, read back as several chunks.
-    part = pl.DataFrame({"a": range(150_000), "s": [f"k{i % 7}" for i in range(150_000)]})
-    df = pl.concat([part, part], rechunk=False)  # a frame in two chunks, as loaders may build
-    cache._store(df, tmp_path, "gpu_ops", ["a note"])
-    read = pl.read_parquet(tmp_path / "gpu_ops.parquet")
-    assert read.n_chunks("all") == [1, 1] and read.equals(df)
-    assert (tmp_path / "gpu_ops.notes.json").read_text() == '["a note"]'
-
-
 def test_cache_is_off_for_small_files_and_on_request(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)

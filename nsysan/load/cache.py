@@ -114,8 +114,7 @@ def cached_loader(
 def _contiguous(df: pl.DataFrame) -> pl.DataFrame:
     """``df`` with every column in one chunk, copied one column at a time.
 
-    Why: Parquet is read one chunk per row group (`_store` writes one, but a cache file may
-    come from an older nsysan that wrote 10-40 per big frame), and sorts,
+    Why: Parquet is read one chunk per row group (10-40 chunks per big frame), and sorts,
     gathers and joins on chunked columns are slower: the passes took 12-15% longer on a 1M
     kernel trace read from the cache than on the same frames in one chunk. Column by column,
     the copy never holds more than one extra column (a whole-frame rechunk of 10M kernels
@@ -131,11 +130,7 @@ def _store(df: pl.DataFrame, folder: Path, frame: str, added: list[str]) -> None
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
         try:
-            # One row group, so the frame is read back in one chunk and `_contiguous` has
-            # nothing to copy (1M kernels: ~0.1 s less per repeat analysis). The writer holds
-            # one compressed row group at a time: ~16 MB per 1M kernels for gpu_ops.
-            df.write_parquet(tmp, compression="lz4", statistics=False,
-                             row_group_size=max(df.height, 1))
+            df.write_parquet(tmp, compression="lz4", statistics=False)
             os.replace(tmp, folder / f"{frame}.parquet")
             tmp.write_text(json.dumps(added))
             os.replace(tmp, folder / f"{frame}.notes.json")
