@@ -206,30 +206,20 @@ def covered(blocks: pl.DataFrame, df: pl.DataFrame) -> pl.Series:
                           else pl.col("device_id") == d)
         s, e = df["start_ns"].to_numpy()[rows], df["end_ns"].to_numpy()[rows]
         bs, be = b["start_ns"].to_numpy(), b["end_ns"].to_numpy()
-        # One prefix sum of the device's blocks serves both bounds (blocks can be a million).
-        lengths, cum = _prefix(bs, be)
-        out[rows] = np.where(e > s, _before(bs, lengths, cum, e) - _before(bs, lengths, cum, s),
-                             0)
+        # Both bounds in one search, so the device's prefix sum (blocks can be a million) is
+        # built once.
+        under = covered_before(bs, be, np.concatenate([e, s]))
+        out[rows] = np.where(e > s, under[:e.size] - under[e.size:], 0)
     return pl.Series("covered_ns", out)
 
 
 def covered_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Length of the sorted disjoint intervals ``[starts, ends)`` that lies before each
     instant of ``t`` (Int64 ns): a prefix sum found by one binary search."""
-    return _before(starts, *_prefix(starts, ends), t)
-
-
-def _prefix(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lengths of the intervals and their prefix sums (from 0), for `_before`."""
-    lengths = ends - starts
-    return lengths, np.concatenate([[0], np.cumsum(lengths)])
-
-
-def _before(starts: np.ndarray, lengths: np.ndarray, cum: np.ndarray,
-            t: np.ndarray) -> np.ndarray:
-    """`covered_before` from the `_prefix` of the intervals."""
     if starts.size == 0:
         return np.zeros(t.shape, dtype=np.int64)
+    lengths = ends - starts
+    cum = np.concatenate([[0], np.cumsum(lengths)])
     idx = np.searchsorted(starts, t, side="right") - 1
     i = np.clip(idx, 0, None)
     return np.where(idx >= 0, cum[i] + np.minimum(t - starts[i], lengths[i]), 0)
