@@ -149,6 +149,11 @@ def default_inputs(trace: Trace) -> list[Path]:
     return list(dict.fromkeys([Path(trace.meta.path), Path(trace.meta.source_path)]))
 
 
+def inputs_of(trace: Trace, info: ManifestInfo) -> list[Path]:
+    """The inputs the manifest of ``trace`` describes: ``info.inputs``, else the defaults."""
+    return list(info.inputs) if info.inputs is not None else default_inputs(trace)
+
+
 def _params_dict(p: Any) -> Any:
     if dataclasses.is_dataclass(p) and not isinstance(p, type):
         return dataclasses.asdict(p)
@@ -161,7 +166,7 @@ def build_manifest(trace: Trace, info: ManifestInfo | None = None,
                    outputs: Iterable[Path] = (), out_dir: Path | None = None) -> dict[str, Any]:
     info = info or ManifestInfo()
     meta = trace.meta
-    inputs = list(info.inputs) if info.inputs is not None else default_inputs(trace)
+    inputs = inputs_of(trace, info)
     return _clean({
         "manifest_version": MANIFEST_VERSION,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -17,7 +17,7 @@ from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult
 from nsysan.report import plots
 from nsysan.report.jsonout import write_findings_json
-from nsysan.report.manifest import ManifestInfo, default_inputs, prefetch_sha256, write_manifest
+from nsysan.report.manifest import ManifestInfo, inputs_of, prefetch_sha256, write_manifest
 from nsysan.report.markdown import write_markdown
 
 
@@ -67,7 +67,7 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     # The manifest hashes the inputs (a second per GB): started now, in a background thread,
     # the hash overlaps the pictures instead of following them (nothing new is started when
     # `analyze(hash_inputs=True)` prefetched them already; see `prefetch_sha256`).
-    prefetch_sha256(info.inputs if info.inputs is not None else default_inputs(trace))
+    prefetch_sha256(inputs_of(trace, info))
     tables = {n: df for r in results.values() for n, df in r.tables.items()}
     layers = tables.get("layers")
     written: list[Path] = []
