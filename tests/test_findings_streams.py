@@ -119,7 +119,7 @@ def _short_gaps_by_definition(ctx: Context) -> pl.DataFrame:
     gaps = gaps.sort("start_ns")
     # in a blocking call: a backward as-of join on the call unions' starts, per device
     for name, calls in zip(("_in_sync", "_in_copy"), ctx._blocking_calls, strict=True):
-        calls = calls.lazy().rename({"start_ns": "_cs", "end_ns": "_ce"})
+        calls = calls.lazy().sort("start_ns").rename({"start_ns": "_cs", "end_ns": "_ce"})
         gaps = (gaps.join_asof(calls, left_on="start_ns", right_on="_cs", by="device_id",
                                strategy="backward", check_sortedness=False)
                 .with_columns((pl.col("_ce").is_not_null()

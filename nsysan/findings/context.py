@@ -232,9 +232,10 @@ class Context:
         copies = (self.bad_copies.lazy().filter(pl.col("api_start").is_not_null())
                   .select(["device_id", pl.col("api_start").alias("start_ns"),
                            pl.col("api_end").alias("end_ns")]))
+        # sorted by device then start, as `streams.starts_inside` needs (`intervals.union`)
         s, c = pl.collect_all([intervals.union(syncs, by=["device_id"]),
                                intervals.union(copies, by=["device_id"])])
-        return s.sort("start_ns"), c.sort("start_ns")
+        return s, c
 
     def _tag_blocked(self, gaps: pl.DataFrame) -> pl.DataFrame:
         """Add ``_in_sync`` / ``_in_copy``: the gap starts inside a blocking host call."""
