@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from nsysan.frames import intervals as iv
 from nsysan.frames.packed_keys import LIMIT, Keys
+from nsysan.passes.distinct import distinct
 
 CLASSES = ["a", "b", "c"]
 SCALE = 1 << 55  # 40 * 2^55 > 2^60: three groups no longer fit 62 bits
@@ -168,3 +169,15 @@ def test_segment_sums_match_the_overlay_pieces(seg_rows, win_rows):
         want = pieces.select((dur * expr).sum().alias(name) for name, expr in WEIGHTS.items())
         row = got.filter(pl.col("step") == w["step"]).select(list(WEIGHTS))
         assert row.rows() == want.rows(), w
+
+
+def test_wide_second_group_column_keeps_group_order() -> None:
+    # dense codes of the first column times the second column's own (offset) range would
+    # pass 2**63: the second column is ranked too, so groups stay distinct and ordered
+    big = 2**61 + 2**60
+    df = pl.DataFrame({"pid": [1, 2, 3, 4, 4, 2], "dev": [0, big, 5, big, 0, None],
+                       "start_ns": [0, 0, 0, 0, 100, 3], "end_ns": [5, 6, 7, 8, 200, 9]})
+    got = iv.union(df, by=["pid", "dev"]).collect()
+    assert got.equals(df.sort("pid", "dev", "start_ns", nulls_last=False))
+    assert distinct(df.select("pid", "dev")).sort("pid", "dev").equals(
+        df.select("pid", "dev").unique().sort("pid", "dev"))

@@ -77,6 +77,8 @@ class Keys:
                 if n_codes * n >= LIMIT:
                     code, n_codes = _dense(code)
                     self._radix = None
+                    if n_codes * n >= LIMIT:  # this column's own range is too wide: rank it
+                        col_code, n = _dense(col_code)
                 code = code * n + col_code
             n_codes *= n
             if lo is None or self._radix is None:

@@ -1,0 +1,26 @@
+"""`distinct` gives the rows of ``df.unique()`` (order aside), nulls kept apart from values."""
+
+from __future__ import annotations
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsysan.passes.distinct import distinct
+
+ints = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([-(2**62), 2**62]))
+
+
+def _sorted(df: pl.DataFrame) -> pl.DataFrame:
+    return df.sort(df.columns, nulls_last=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(ints, ints, ints), max_size=40), st.integers(1, 3))
+def test_distinct_is_unique(rows: list[tuple[int | None, ...]], n_cols: int) -> None:
+    names = ["pid", "device_id", "global_tid"][:n_cols]
+    df = pl.DataFrame([r[:n_cols] for r in rows], schema={n: pl.Int64 for n in names},
+                      orient="row")
+    got = distinct(df)
+    assert got.schema == df.schema
+    assert _sorted(got).equals(_sorted(df.unique()))
