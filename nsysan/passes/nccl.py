@@ -147,7 +147,7 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
         .sort("start_ns")
     )
     # Each range goes to the first NCCL launch on its thread that ends at or after its start.
-    per_launch = (
+    linked = (
         ranges.join_asof(
             launches.select("global_tid", "global_pid", "correlation_id", "api_end_ns")
             .sort("api_end_ns"),
@@ -162,21 +162,22 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
     # all launches, not a list sorted per launch (tens of thousands of tiny groups).
     key = ["global_pid", "correlation_id"]
 
-    def distinct(col: str) -> pl.LazyFrame:
-        return (per_launch.select(*key, col).unique().sort(*key, col)
+    def sorted_distinct(col: str) -> pl.LazyFrame:
+        return (linked.select(*key, col).unique().sort(*key, col)
                 .group_by(key, maintain_order=True))
 
     per_launch = (
-        per_launch.group_by(key)
+        linked.group_by(key)
         .agg(
             pl.col("_bytes").filter(pl.col("_op") == "Send").sum().alias("_send_bytes"),
             pl.col("_bytes").sum().alias("_all_bytes"),
             pl.col("_bytes").is_not_null().any().alias("_has_bytes"),
             pl.col("_comm").drop_nulls().first().alias("comm_id"),
         )
-        .join(distinct("name").agg(pl.col("name").str.join("+").alias("nvtx_range")), on=key,
+        .join(sorted_distinct("name").agg(pl.col("name").str.join("+").alias("nvtx_range")),
+              on=key, nulls_equal=True)
+        .join(sorted_distinct("_op").agg(pl.col("_op").alias("_ops")), on=key,
               nulls_equal=True)
-        .join(distinct("_op").agg(pl.col("_op").alias("_ops")), on=key, nulls_equal=True)
     )
     ops = pl.col("_ops")
     p2p_only = ops.list.set_difference(pl.lit(["Send", "Recv"])).list.len() == 0
