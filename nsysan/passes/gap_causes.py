@@ -49,22 +49,25 @@ _MAX_CANDIDATE_FRAC = 0.25
 _LONG_ROWS = 1024
 
 
-def launch_calls(trace: Trace, ops: pl.LazyFrame) -> pl.DataFrame:
-    """``pid, device_id, stream_id`` of every timed GPU op (``ops``: the ``gpu_ops`` rows with
+def launch_calls(trace: Trace) -> pl.DataFrame:
+    """``pid, device_id, stream_id`` of every timed GPU op (the ``gpu_ops`` rows with
     ``start_ns > 0``) with ``global_tid, start_ns`` of the API call that launched it, in no
     particular order.
 
     Both the launching threads of each gap (`owners`) and the "did this NVTX range launch
     work" test need this join of the two largest frames: it is done once, here, and when every
-    op's call is known (`op_link`) it is a gather, not a join.
+    op's call is known (`op_link`) it is a gather, not a join. The ops are taken from the
+    trace, not from the caller: the gather's API rows are aligned with the whole ``gpu_ops``
+    frame, so both paths select the same ops themselves.
     """
-    api = trace.frame("cuda_api")
+    api, gpu_ops = trace.frame("cuda_api"), trace.frame("gpu_ops")
+    timed = pl.col("start_ns") > 0
     rows = op_link.api_rows(trace)
     if rows is not None:
         linked = (
-            trace.frame("gpu_ops").select(*KEY_COLS, "start_ns")
+            gpu_ops.select(*KEY_COLS, "start_ns")
             .with_columns(pl.Series("_row", rows))
-            .filter((pl.col("start_ns") > 0) & (pl.col("_row") >= 0))
+            .filter(timed & (pl.col("_row") >= 0))
         )
         return linked.select(
             *KEY_COLS,
@@ -74,8 +77,8 @@ def launch_calls(trace: Trace, ops: pl.LazyFrame) -> pl.DataFrame:
     return (
         join_on_op(
             api.lazy().select(*OP_KEY, "global_tid", "start_ns"),
-            ops.select(*OP_KEY, *KEY_COLS),
-            [api, trace.frame("gpu_ops")],
+            gpu_ops.lazy().filter(timed).select(*OP_KEY, *KEY_COLS),
+            [api, gpu_ops],
         )
         .select(*KEY_COLS, "global_tid", "start_ns")
         .collect()
