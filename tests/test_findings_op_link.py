@@ -64,13 +64,12 @@ def test_consumers_agree_with_their_joins(name: str, no_link) -> None:
     tr, res = _with_lost_launches(name)
 
     def outputs() -> tuple:
-        ops = tr.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
         ctx = Context(tr, res)
         ctx.can_classify_short_gaps()
         return (
             kernels.run(tr, kernels.KernelsParams(), {}).tables["kernels"],
             gaps.run(tr, gaps.GapsParams(), res).tables["gaps"],
-            _canon(launch_calls(tr, ops)),
+            _canon(launch_calls(tr)),
             ctx.bad_copies,
             ctx.short_gaps,
             [f.message for f in rules_capture.truncated(Context(tr, res))],

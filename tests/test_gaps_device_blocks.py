@@ -98,6 +98,22 @@ def test_stream_and_unions_are_memoised_per_frame() -> None:
     assert again is not first and again.equals(first)
 
 
+def test_a_union_already_made_is_found_without_a_pass_over_the_ops(monkeypatch) -> None:
+    tr = _trace([(0, 1, 5, "compute"), (0, 0, 9, "nccl"), (1, 2, 4, "weird")])
+    compute = device_blocks.union(tr, ["compute"], True)
+    untimed_nccl = device_blocks.union(tr, ["nccl"], False)
+
+    def no_pass(*a, **k):
+        raise AssertionError("a pass over the ops for a union already made")
+
+    monkeypatch.setattr(device_blocks.np, "isin", no_pass)
+    # no untimed compute op: the timed union, found from the op classes alone
+    assert device_blocks.union(tr, ["compute"], False) is compute
+    assert device_blocks.union(tr, ["compute"], True) is compute
+    assert device_blocks.union(tr, ["nccl"], False) is untimed_nccl
+    assert untimed_nccl["start_ns"].to_list() == [0]
+
+
 def test_a_value_asked_for_by_two_threads_at_once_is_built_once() -> None:
     import threading
     import time

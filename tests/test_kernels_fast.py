@@ -48,7 +48,7 @@ def test_launch_stats_equal_the_polars_gathers(api_bounds) -> None:
             assert got is None  # null call bounds: the polars path
             continue
         assert got is not None
-        want = kernels._launched_polars(tr, rows, name).select(
+        want = kernels._launched_polars(tr, name).select(
             "demangled_name", "short_name", "op_class", "_dur",
             (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
             (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"))

@@ -181,6 +181,19 @@ def test_warmup(durations, warm):
     assert res.metrics["step_mean_ns"] == pytest.approx(sum(steady) / len(steady) * MS)
 
 
+@pytest.mark.parametrize("cls", [None, "weird"])
+def test_primary_device_counts_ops_without_an_overlap_class(cls):
+    # Device 1 is the busiest only through ops with no overlap class (null or unknown): the
+    # state segments do not see them, so the primary device comes from the ops themselves.
+    nvtx = [R(0, 10, "step 0"), R(10, 20, "step 1")]
+    ops = [K(1, 4, api_s=0), K(11, 12, api_s=10 * MS),
+           K(1, 9, dev=1, cls=cls, api_s=0), K(11, 19, dev=1, cls=cls, api_s=10 * MS)]
+    tr = build(ops, nvtx=nvtx)
+    res = run_steps(tr)
+    timed = tr.frame("gpu_ops").filter(pl.col("start_ns") > 0)
+    assert res.metrics["steps_device_id"] == steps.primary_device(timed) == 1
+
+
 def test_per_step_metrics_use_the_primary_device():
     nvtx = [R(0, 10, "step 0"), R(10, 20, "step 1")]
     ops = [

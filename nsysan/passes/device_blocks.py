@@ -44,6 +44,7 @@ class _Stream:
     end: np.ndarray  # packed end keys of the same rows
     code: np.ndarray  # index of the row's op_class in OP_CLASSES, len(OP_CLASSES) if none
     timed: np.ndarray  # start_ns > 0 (nsys writes 0 for ops it could not time)
+    untimed_codes: frozenset[int]  # the codes of the ops that are not timed
     unions: dict[tuple[frozenset[int], bool], Blocks] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # (passes run in threads)
 
@@ -77,8 +78,9 @@ def _sorted(ops: pl.DataFrame) -> _Stream:
                       x["_c"], (x["start_ns"] > 0).alias("t")])
     if not s["s"].is_sorted():
         s = s.sort("s")
-    return _Stream(keys, s["s"].to_numpy(), s["e"].to_numpy(), s["_c"].to_numpy(),
-                   s["t"].to_numpy())
+    code, timed = s["_c"].to_numpy(), s["t"].to_numpy()
+    return _Stream(keys, s["s"].to_numpy(), s["e"].to_numpy(), code, timed,
+                   frozenset(np.unique(code[~timed]).tolist()))
 
 
 def _codes(op_classes: Collection[str | None] | None) -> frozenset[int]:
@@ -132,12 +134,14 @@ def blocks(trace: Trace, op_classes: Collection[str | None] | None = None,
     of each device as arrays)."""
     st = _stream(trace)
     codes = _codes(op_classes)
+    # no untimed op selected: the same union as the timed one (known from the codes, so
+    # that a union already made is found without a pass over the ops)
+    timed = timed or not codes & st.untimed_codes
     with st.lock:
-        mask = np.isin(st.code, np.fromiter(codes, np.int8)) if codes != _codes(None) else None
-        if not timed and (st.timed if mask is None else st.timed[mask]).all():
-            timed = True  # no untimed op selected: the same union as the timed one
         out = st.unions.get((codes, timed))
         if out is None:
+            mask = (np.isin(st.code, np.fromiter(codes, np.int8)) if codes != _codes(None)
+                    else None)
             if timed:
                 mask = st.timed if mask is None else mask & st.timed
             elif mask is None:

@@ -269,7 +269,7 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
             .select(pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we"))
             .collect()
         )
-        calls = gc.launch_calls(trace, ops)
+        calls = gc.launch_calls(trace)
         proc, thread = gc.evidence(trace, ops, calls, windows, params.nvtx_exclude_domains)
         owners_pid, owners_tid = gc.owners(ops, calls, gaps.lazy(), params.scopes)
         clipped = gc.explain(gaps.lazy(), owners_pid, owners_tid, proc, thread).collect().lazy()

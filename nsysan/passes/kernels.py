@@ -57,7 +57,7 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     rows = op_link.api_rows(trace)
     launched = _launch_stats(ops, trace.cuda_api, rows, name) if rows is not None else None
     if launched is None:
-        launched = _launched_polars(trace, rows, name).with_columns(
+        launched = _launched_polars(trace, name).with_columns(
             (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
             (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
         )
@@ -80,28 +80,16 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
 _MODES = ("short_name", "op_class")
 
 
-def _launched_polars(trace: Trace, rows: np.ndarray | None, name: pl.Expr) -> pl.DataFrame:
+def _launched_polars(trace: Trace, name: pl.Expr) -> pl.DataFrame:
     """The kernel rows with their op bounds and their calls' bounds (``_api_start,
-    _api_end``, null when unknown): `_launch_stats` in polars, for null call bounds or
-    several calls holding one op key."""
+    _api_end``, null when unknown), in op order: `_launch_stats` in polars, for null call
+    bounds or several calls holding one op key."""
     ops = trace.gpu_ops
     cols = [
         "start_ns", "op_class", pl.col("name").alias("short_name"), name,
         (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
     ]
     is_kernel = pl.col("kind") == "kernel"
-    if rows is not None:
-        # Every op's launching call is known (distinct API keys): gather its bounds. Only the
-        # columns read here are taken before the kernel rows are copied.
-        kernels = (
-            ops.select("kind", "start_ns", "end_ns", "op_class", "name", "demangled_name")
-            .with_columns(pl.Series("_row", rows)).filter(is_kernel).select(*cols, "_row")
-        )
-        api = trace.cuda_api
-        return kernels.with_columns(
-            op_link.gather(api["start_ns"], kernels["_row"]).alias("_api_start"),
-            op_link.gather(api["end_ns"], kernels["_row"]).alias("_api_end"),
-        ).drop("_row")
     key = op_key([ops, trace.cuda_api])
     api_lf = trace.cuda_api.lazy().select(
         key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
@@ -188,7 +176,7 @@ def _launched_by(kernels: pl.DataFrame, api: pl.LazyFrame) -> pl.LazyFrame:
     """
     joined = (
         kernels.lazy().with_row_index("_row")
-        .join(api.with_row_index("_api_row"), on=KEY, how="left")
+        .join(api.with_row_index("_api_row"), on=KEY, how="left", maintain_order="left")
         .collect()
     )
     if joined.height > kernels.height:

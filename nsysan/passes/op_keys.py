@@ -42,7 +42,8 @@ def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
     ends = {f.get_column("global_pid").min() for f in sources} | {
         f.get_column("global_pid").max() for f in sources}
     ends.discard(None)
-    if len(ends) == 1:
+    one_process = len(ends) == 1
+    if one_process:
         pids = pl.Series(list(ends), dtype=pl.Int64)
     else:
         pids = pl.concat([f.get_column("global_pid").unique() for f in sources]).unique()
@@ -55,7 +56,7 @@ def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
     if span * pids.len() >= _LIMIT:
         return fallback
     offset = pl.col("correlation_id") - lo
-    if pids.len() == 1:  # code 0: the offset, null where the pid is
+    if one_process:  # code 0: the offset, null where the pid is
         return pl.when(pl.col("global_pid").is_not_null()).then(offset).alias(KEY)
     codes = dict(zip(pids.to_list(), range(pids.len()), strict=True))
     code = pl.col("global_pid").replace_strict(codes, default=None, return_dtype=pl.Int64)

@@ -242,31 +242,6 @@ def state_has(cls: str) -> pl.Expr:
     return pl.col("state").str.split("+").list.contains(cls)
 
 
-def window_metrics(ops: pl.DataFrame, windows: pl.DataFrame, by: list[str]) -> pl.LazyFrame:
-    """Busy, exposed nccl and unoverlapped h2d inside each window (``by + [step]``, 0 where
-    nothing ran).
-
-    ``windows`` holds ``by + [step, start_ns, end_ns]``.
-    """
-    return _window_sums(_state_segments(ops, by), windows, by)
-
-
-def _window_sums(segs: pl.LazyFrame | pl.DataFrame, windows: pl.DataFrame, by: list[str],
-                 ) -> pl.LazyFrame:
-    """`window_metrics` from the state segments (``by + [start_ns, end_ns, state_code]``)."""
-    # The time per (window, state) first (windows x states: a small table, built without
-    # cutting the segments into pieces), then the metrics as sums over states by their bits.
-    rows = windows.select([*by, "step", "start_ns", "end_ns"]).with_row_index("_win")
-    per_state = sweeps.window_sums(segs.lazy().collect(), rows, by, "_win", "state_code", "_ns")
-    return (
-        rows.select([*by, "step", "_win"])
-        .join(_metric_sums(per_state, "_win", "_ns"), on="_win", how="left")
-        .sort("_win")
-        .select([*by, "step", *(pl.col(c).fill_null(0) for c in _METRICS)])
-        .lazy()
-    )
-
-
 #: per-step metrics: which overlap states count for each (bits of `OVERLAP_CLASSES`)
 _BIT = {c: 1 << i for i, c in enumerate(OVERLAP_CLASSES)}
 _NOT_COMPUTE = (pl.col("state_code") & _BIT["compute"]) == 0
