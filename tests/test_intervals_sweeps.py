@@ -127,6 +127,29 @@ def test_total_and_union_equal_brute_force(rows, scale):
     assert iv.total(df).collect()["busy_ns"].item() == len(everything) * scale
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 8)),
+                max_size=20))
+def test_merge_sorted_gives_the_blocks_of_the_union(rows):
+    """Both orders of the ends `merge_sorted` takes (sorted on their own, or the running max in
+    start order), on keys packed per group, give the maximal runs of covered nanoseconds of
+    each group (brute force: `intervals.union` itself is built on `merge_sorted`)."""
+    span = 64  # every time below: group g's keys lie in [g * span, (g + 1) * span)
+    covered = sorted({g * span + t for g, s, n in rows for t in range(s, s + n)})
+    want = []  # [first, last + 1) of every run of consecutive covered instants
+    for t in covered:
+        if want and want[-1][1] == t:
+            want[-1][1] = t + 1
+        else:
+            want.append([t, t + 1])
+    s = np.array([g * span + s for g, s, _ in rows], np.int64)
+    e = np.array([g * span + s + n for g, s, n in rows], np.int64)
+    order = np.argsort(s, kind="stable")
+    for ends in (np.sort(e), np.maximum.accumulate(e[order])):
+        bs, be = iv.merge_sorted(s[order], ends)
+        assert [[a, b] for a, b in zip(bs.tolist(), be.tolist(), strict=True)] == want
+
+
 def test_tightest_with_sparse_query_ids_equals_dense_ids():
     ranges = pl.DataFrame({"range_id": [0, 1, 2], "start_ns": [0, 2, 3], "end_ns": [10, 8, 5]})
     pairs = pl.DataFrame({"query_id": [4, 4, 4, 7, 7], "range_id": [0, 1, 2, 0, 1]})

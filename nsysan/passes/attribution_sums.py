@@ -90,17 +90,12 @@ def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, in
             continue
         starts, ends, span = packed
         # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
-        s, e = sorted_values(starts), sorted_values(ends)
-        first = np.ones(len(s), bool)
-        np.greater(s[1:], e[:-1], out=first[1:])
-        last = np.ones(len(s), bool)
-        last[:-1] = first[1:]
-        bs = s[first]
+        bs, be = iv.merge_sorted(sorted_values(starts), sorted_values(ends))
         # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
         # difference of running sums at the run's bounds, found by a binary search per
         # group (no division or scatter per block).
         total = np.zeros(len(bs) + 1, np.int64)
-        np.cumsum(e[last] - bs, out=total[1:])
+        np.cumsum(be - bs, out=total[1:])
         bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
         out.append(total[bounds[1:]] - total[bounds[:-1]])
     return out
