@@ -154,13 +154,10 @@ def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
     if rows is not None:  # distinct API keys: every op's call is a row number, no hash joins
         found = rows >= 0
-        launch = rows[found]
-        used = np.zeros(api.height, bool)
-        used[launch] = True
         op_launch = ops.filter(pl.Series(found)).select(
-            "op_id", pl.Series("launch_id", launch), "device_id", "start_ns", "end_ns"
+            "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
         )
-        return api.filter(pl.Series(used)).select(cols), op_launch, True
+        return api.filter(op_link.launched(trace, rows)).select(cols), op_launch, True
     # Some key is held by several API rows: join on ``_OP_KEY`` packed into one column.
     key = op_key([cuda_api, ops])
     api = api.with_columns(cuda_api.select(key))
