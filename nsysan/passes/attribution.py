@@ -289,15 +289,16 @@ def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
 
 
 def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
-    """GPU busy time of the trace: the union of all GPU ops per device, summed."""
+    """GPU busy time of the trace: the union of all GPU ops per device of ``ops``, summed
+    (ops of a null device are device -1 there, so they merge with a real device -1)."""
     if ops.is_empty():
         return 0
     if not (trace.gpu_ops["device_id"] == -1).any():
         # Null devices (filled with -1 in ``ops``) merge with no real device: the unions per
         # device are those of the other passes, cut from one shared sorted stream (read
-        # once here: not kept).
-        blocks = device_blocks.union(trace, None, timed=False, keep=False)
-        return int((blocks["end_ns"] - blocks["start_ns"]).sum())
+        # once here: not kept), summed from the blocks' arrays (no frame to build).
+        blocks = device_blocks.blocks(trace, None, timed=False, keep=False)
+        return int((blocks.end - blocks.start).sum())
     return int(iv.total(ops, by=["device_id"]).collect()["busy_ns"].sum())
 
 
