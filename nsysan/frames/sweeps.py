@@ -121,7 +121,7 @@ def member_concurrency(
     """
     by, members = list(by), list(members)
     x = df.select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
-    member, n_members = _member_codes(x, [*by, *members])
+    member, n_members = member_codes(x, [*by, *members])
     bits = max(n_members - 1, 1).bit_length()  # the member in the low bits: shifts, no division
     keys = Keys([x], by, [start, end], low=2 << bits)
     # (key, is_start, member): ends sort before starts at an instant; the level is read after
@@ -183,7 +183,7 @@ def _serial(member: np.ndarray, n_members: int, start: np.ndarray, end: np.ndarr
     return not np.any((m[1:] == m[:-1]) & (e[:-1] > s[1:]))
 
 
-def _member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
+def member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
     """A 0-based code below ``n`` of every row's ``cols`` (equal values, equal codes; their
     order is of no matter) and ``n``. Integer columns without nulls whose combined range is
     small (devices, processes, streams) are packed arithmetically (a column of one value
@@ -397,9 +397,11 @@ class _Runs:
 
 
 def cell_sums(cell: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
-    """Sum of the integer ``weights`` per ``cell`` in ``[0, n)``, exactly, as Int64."""
-    # Float sums are exact while every partial sum stays below 2**53; the lengths of disjoint
-    # segments add up to at most the groups' spans, far below that on any real trace.
+    """Sum of the non-negative integer ``weights`` per ``cell`` in ``[0, n)``, exactly, as
+    Int64."""
+    # Float sums are exact while every partial sum stays below 2**53 (with no negative weight,
+    # none exceeds the total); the lengths of disjoint segments add up to at most the groups'
+    # spans, far below that on any real trace.
     if float(weights.sum(dtype=np.float64)) < 2.0**52:
         return np.bincount(cell, weights=weights, minlength=n).astype(np.int64)
     table = np.zeros(n, np.int64)

@@ -44,6 +44,7 @@ import polars as pl
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.sweeps import cell_sums
 from nsysan.frames.trace import Trace
 from nsysan.passes import attribution_sums as sums
 from nsysan.passes import device_blocks, op_link
@@ -281,13 +282,6 @@ def _merge_rows(launch: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.
     return pair_rows, order[first + np.arange(len(pair_rows))]
 
 
-def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """Int64 sum of ``values`` per ``index`` in ``[0, n)``."""
-    out = np.zeros(n, np.int64)
-    np.add.at(out, index, values)
-    return out
-
-
 def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
     """GPU busy time of the trace: the union of all GPU ops per device of ``ops``, summed
     (ops of a null device are device -1 there, so they merge with a real device -1)."""
@@ -384,7 +378,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     per_layer = pl.DataFrame({
         "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
         "instances": np.bincount(lid, minlength=n_layers).astype(np.int64),
-        "exclusive_gpu_ns": _sum_by(lid, exclusive, n_layers),
+        "exclusive_gpu_ns": cell_sums(lid, exclusive, n_layers),
         "n_gpu_ops": sums.distinct_counts(lid[pair_rix], launched["launch_id"].to_numpy(),
                                           n_layers),
         "gpu_busy_ns": layer_busy,
