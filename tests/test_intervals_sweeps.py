@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import sweeps
+from nsysan.frames.packed_keys import GROUP, Keys
 
 HUGE = 1 << 60  # times this far apart force the dense-rank packing of times
 
@@ -92,11 +93,26 @@ def test_window_sums_on_the_dense_time_path():
     assert got["d"].to_list() == [HUGE - HUGE // 2, 3]
 
 
+def group_lengths(df: pl.DataFrame, by: list[str], value: str, name: str) -> pl.DataFrame:
+    """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
+    positive totals, in no particular order (``value``: a non-null integer column taking few
+    distinct values, such as a state code). The reference `sweeps.run_lengths` and the totals
+    of `sweeps.run_sums` are checked against (rows in any order, groups by packed keys); it
+    was `sweeps.group_lengths`, which had no caller left in the package."""
+    keys = Keys([df], by, [])
+    group, uniq = sweeps.dense_codes(keys.group_code(0))
+    length = df.select(pl.col("end_ns") - pl.col("start_ns")).to_series().to_numpy()
+    g, values, sums = sweeps._pair_sums(group, len(uniq), df[value].to_numpy(), length)
+    return keys.attach_by(pl.DataFrame({
+        GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
+    }))
+
+
 @settings(max_examples=100, deadline=None)
 @given(cuts_st)
 def test_group_lengths_equal_a_group_by(cuts):
     segs = _disjoint(cuts)
-    got = sweeps.group_lengths(segs, ["device_id"], "state_code", "d")
+    got = group_lengths(segs, ["device_id"], "state_code", "d")
     want = (segs.group_by("device_id", "state_code")
             .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("d")))
     key = ["device_id", "state_code"]

@@ -28,20 +28,6 @@ def dense_codes(codes: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(uniq, codes.to_numpy()), uniq
 
 
-def group_lengths(df: pl.DataFrame, by: Sequence[str], value: str, name: str,
-                  start: str = START, end: str = END) -> pl.DataFrame:
-    """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
-    positive totals, in no particular order (``value``: a non-null integer column taking few
-    distinct values, such as a state code)."""
-    keys = Keys([df], by, [])
-    group, uniq = dense_codes(keys.group_code(0))
-    length = df.select(pl.col(end) - pl.col(start)).to_series().to_numpy()
-    g, values, sums = _pair_sums(group, len(uniq), df[value].to_numpy(), length)
-    return keys.attach_by(pl.DataFrame({
-        GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
-    }))
-
-
 def sort_order(keys: np.ndarray) -> np.ndarray:
     """Stable argsort of non-negative Int64 ``keys``. numpy sorts plain values several times
     faster than it argsorts them, so when the range allows, the row number rides along in
@@ -351,9 +337,10 @@ def run_sums(
 
 def run_lengths(segments: pl.DataFrame, group: str, value: str, name: str,
                 start: str = START, end: str = END) -> pl.DataFrame:
-    """`group_lengths` of ``segments`` that come in runs of one ``group`` value each, like
-    `run_sums` takes them: ``group, value, name``, only positive totals, in no
-    particular order. One sum into a dense (run, value) table: no group codes to pack."""
+    """Total length of the ``segments`` per (``group``, ``value``) for segments that come in
+    runs of one ``group`` value each, like `run_sums` takes them: ``group, value, name``, only
+    positive totals, in no particular order (``value``: a small non-negative integer code).
+    One sum into a dense (run, value) table: no group codes to pack."""
     runs = _Runs(segments, group, value, start, end)
     n_codes = len(runs.present)
     run = np.repeat(np.arange(len(runs.firsts)), np.diff(np.r_[runs.firsts, runs.seg.height]))
