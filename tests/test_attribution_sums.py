@@ -41,26 +41,27 @@ def _oracle(group: np.ndarray, df: pl.DataFrame, n: int) -> np.ndarray:
 
 @settings(max_examples=200, deadline=None)
 @given(members_st, st.sampled_from([1, 1000, 1 << 55]))
-def test_union_busy_equals_the_union_per_group_and_device(rows, scale):
+def test_union_busies_equals_the_union_per_group_and_device(rows, scale):
     group, df = _members(rows, scale)
-    assert sums.union_busy(group, df, 6).tolist() == _oracle(group, df, 6).tolist()
+    assert sums.union_busies(df, [(group, 6)])[0].tolist() == _oracle(group, df, 6).tolist()
     both = sums.union_busies(df, [(group, 6), (group % 2, 2)])
     assert [b.tolist() for b in both] == [_oracle(group, df, 6).tolist(),
                                           _oracle(group % 2, df, 2).tolist()]
 
 
-def test_union_busy_takes_the_keys_path_when_times_do_not_pack():
-    # 6 groups x 2 devices x a span of 2**60 does not fit in 62 bits: the ranked-time path.
+def test_union_busies_takes_the_keys_path_when_times_do_not_pack():
+    # 6 groups x 2 devices (or more device codes) x a span of 2**60 does not fit in 62 bits:
+    # the ranked-time path.
     group = np.array([0, 5, 5, 1], np.int64)
     df = pl.DataFrame({"device_id": [0, 7, 7, 0], "start_ns": [0, 1 << 60, 3, 5],
                        "end_ns": [10, (1 << 60) + 4, 1 << 60, 6]})
     assert sums._pack(group * 2, 12, df["start_ns"].to_numpy(), df["end_ns"].to_numpy()) is None
-    assert sums.union_busy(group, df, 6).tolist() == [10, 1, 0, 0, 0, (1 << 60) + 1]
+    assert sums.union_busies(df, [(group, 6)])[0].tolist() == [10, 1, 0, 0, 0, (1 << 60) + 1]
 
 
-def test_union_busy_of_nothing():
+def test_union_busies_of_nothing():
     df = pl.DataFrame(schema={"device_id": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
-    assert sums.union_busy(np.zeros(0, np.int64), df, 3).tolist() == [0, 0, 0]
+    assert sums.union_busies(df, [(np.zeros(0, np.int64), 3)])[0].tolist() == [0, 0, 0]
 
 
 @pytest.mark.parametrize("values", [
@@ -79,7 +80,7 @@ def test_member_codes_partition_rows_like_the_packed_keys(rows):
     df = pl.DataFrame({"d": [d for d, _, _ in rows], "p": [p for _, p, _ in rows],
                        "s": [s for _, _, s in rows]},
                       schema={"d": pl.Int64, "p": pl.Int64, "s": pl.Int64})
-    code, n = sweeps._member_codes(df, ["d", "p", "s"])
+    code, n = sweeps.member_codes(df, ["d", "p", "s"])
     want, uniq = sweeps.dense_codes(Keys([df], ["d", "p", "s"], []).group_code(0))
     assert len(code) == 0 or (code.min() >= 0 and code.max() < n)
     # Same partition: equal codes exactly where the reference codes are equal.
@@ -161,7 +162,7 @@ def test_member_concurrency_serial_path_equals_the_member_sweeps(rows, serial):
         want = sweeps.member_concurrency(df, ["device_id"], ["stream_id"], "mx", "mean")
     assert got.equals(want)
     x = df.filter(pl.col("end_ns") > pl.col("start_ns"))
-    member, n = sweeps._member_codes(x, ["device_id", "stream_id"])
+    member, n = sweeps.member_codes(x, ["device_id", "stream_id"])
     if serial:
         keys = Keys([x], ["device_id"], ["start_ns", "end_ns"])
         assert sweeps._serial(member, n, keys.pack(0, "start_ns").to_numpy(),

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import sweeps
+from nsysan.frames.packed_keys import GROUP, Keys
 
 HUGE = 1 << 60  # times this far apart force the dense-rank packing of times
 
@@ -92,11 +93,26 @@ def test_window_sums_on_the_dense_time_path():
     assert got["d"].to_list() == [HUGE - HUGE // 2, 3]
 
 
+def group_lengths(df: pl.DataFrame, by: list[str], value: str, name: str) -> pl.DataFrame:
+    """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
+    positive totals, in no particular order (``value``: a non-null integer column taking few
+    distinct values, such as a state code). The reference `sweeps.run_lengths` and the totals
+    of `sweeps.run_sums` are checked against (rows in any order, groups by packed keys); it
+    was `sweeps.group_lengths`, which had no caller left in the package."""
+    keys = Keys([df], by, [])
+    group, uniq = sweeps.dense_codes(keys.group_code(0))
+    length = df.select(pl.col("end_ns") - pl.col("start_ns")).to_series().to_numpy()
+    g, values, sums = sweeps._pair_sums(group, len(uniq), df[value].to_numpy(), length)
+    return keys.attach_by(pl.DataFrame({
+        GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
+    }))
+
+
 @settings(max_examples=100, deadline=None)
 @given(cuts_st)
 def test_group_lengths_equal_a_group_by(cuts):
     segs = _disjoint(cuts)
-    got = sweeps.group_lengths(segs, ["device_id"], "state_code", "d")
+    got = group_lengths(segs, ["device_id"], "state_code", "d")
     want = (segs.group_by("device_id", "state_code")
             .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("d")))
     key = ["device_id", "state_code"]
@@ -125,6 +141,29 @@ def test_total_and_union_equal_brute_force(rows, scale):
             len(cover) * scale)
     everything = {t for _, _, s, n in rows for t in range(s, s + n)}
     assert iv.total(df).collect()["busy_ns"].item() == len(everything) * scale
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 8)),
+                max_size=20))
+def test_merge_sorted_gives_the_blocks_of_the_union(rows):
+    """Both orders of the ends `merge_sorted` takes (sorted on their own, or the running max in
+    start order), on keys packed per group, give the maximal runs of covered nanoseconds of
+    each group (brute force: `intervals.union` itself is built on `merge_sorted`)."""
+    span = 64  # every time below: group g's keys lie in [g * span, (g + 1) * span)
+    covered = sorted({g * span + t for g, s, n in rows for t in range(s, s + n)})
+    want = []  # [first, last + 1) of every run of consecutive covered instants
+    for t in covered:
+        if want and want[-1][1] == t:
+            want[-1][1] = t + 1
+        else:
+            want.append([t, t + 1])
+    s = np.array([g * span + s for g, s, _ in rows], np.int64)
+    e = np.array([g * span + s + n for g, s, n in rows], np.int64)
+    order = np.argsort(s, kind="stable")
+    for ends in (np.sort(e), np.maximum.accumulate(e[order])):
+        bs, be = iv.merge_sorted(s[order], ends)
+        assert [[a, b] for a, b in zip(bs.tolist(), be.tolist(), strict=True)] == want
 
 
 def test_tightest_with_sparse_query_ids_equals_dense_ids():

@@ -1,8 +1,9 @@
 """The fast paths of the steps pass against the generic code they stand for:
 `sweeps.run_sums` (per-step state times and totals) against `sweeps.window_sums` over the windows
 crossed with every group (dense-table path, integer path for huge times, sparse fallback, empty
-inputs, null groups), `sweeps.run_lengths` against `sweeps.group_lengths`, the narrow-dtype
-`sweeps.state_instants`, and the one-device `steps.device_segments`."""
+inputs, null groups), `sweeps.run_lengths` against the reference `group_lengths` (in
+test_intervals_sweeps), the narrow-dtype `sweeps.state_instants`, and the one-device
+`steps.device_segments`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_intervals_sweeps import group_lengths
 
 from nsysan.frames import sweeps
 from nsysan.passes import steps
@@ -51,7 +53,7 @@ def _check(segs: pl.DataFrame, wins: pl.DataFrame) -> None:
     assert got.schema == want.schema
     assert got.sort(KEY, nulls_last=False).equals(want.sort(KEY, nulls_last=False))
     # ... and the totals over the whole runs, found on the way
-    want_totals = sweeps.group_lengths(segs, ["device_id"], "state_code", "d")
+    want_totals = group_lengths(segs, ["device_id"], "state_code", "d")
     key = ["device_id", "state_code"]
     assert totals.schema == want_totals.schema
     assert totals.sort(key, nulls_last=False).equals(want_totals.sort(key, nulls_last=False))
@@ -69,7 +71,7 @@ cuts_st = st.lists(st.integers(-5, 45), max_size=8)
 def test_run_lengths_equal_group_lengths(groups, scale):
     segs = _segments(groups, scale)
     got = sweeps.run_lengths(segs, "device_id", "state_code", "d")
-    want = sweeps.group_lengths(segs, ["device_id"], "state_code", "d")
+    want = group_lengths(segs, ["device_id"], "state_code", "d")
     key = ["device_id", "state_code"]
     assert got.schema == want.schema
     assert got.sort(key, nulls_last=False).equals(want.sort(key, nulls_last=False))

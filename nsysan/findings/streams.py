@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nsysan.frames.intervals import merge_sorted
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks, op_link
 from nsysan.passes.device_blocks import covered_before, gaps_between
@@ -128,16 +129,9 @@ def exposed_ns(trace: Trace, subset: pl.DataFrame) -> int:
     compute = device_blocks.blocks(trace, ["compute"], timed=False)
     total = 0
     for (dev,), rows in x.partition_by("device_id", as_dict=True).items():
-        s, e = rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy()
-        order = np.argsort(s, kind="stable")
-        s, reach = s[order], np.maximum.accumulate(e[order])
-        # a block starts where an interval starts after every earlier one ended (touching
-        # intervals join), and ends at the running maximum before the next block starts
-        first = np.ones(s.size, bool)
-        np.greater(s[1:], reach[:-1], out=first[1:])
-        last = np.ones(s.size, bool)
-        last[:-1] = first[1:]
-        bs, be = s[first], reach[last]
+        # (starts and ends sorted each on their own: see `intervals.merge_sorted`)
+        bs, be = merge_sorted(np.sort(rows["start_ns"].to_numpy()),
+                              np.sort(rows["end_ns"].to_numpy()))
         total += int((be - bs).sum())
         if dev is None:  # (a null device meets no compute block)
             continue

@@ -69,9 +69,9 @@ def enclosing(
     order = sort_order(q_key)
     q_key = q_key[order]
     # Block of the queries starting in [range start, range end]: [lo, hi) in sorted order.
+    # (n >= 0: a range's end is not below its start, and packing keeps the order of times.)
     lo = np.searchsorted(q_key, r_start, side="left")
     n = np.searchsorted(q_key, r_end, side="right") - lo
-    n = n.clip(0)
     # Every (range, query of its block) pair: row k of a block is its first row plus k.
     r_rows = np.repeat(np.arange(len(n)), n)
     q_rows = order[np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(len(r_rows))]
@@ -238,14 +238,12 @@ def _min_rank(queries: pl.DataFrame, rank: pl.Series) -> pl.DataFrame | None:
     non-negative integers (e.g. row indices); else None. A hash group-by over millions of
     pairs costs several times this."""
     ids = queries.to_series()
-    if not ids.dtype.is_integer() or ids.null_count() or ids.is_empty():
+    q = _dense_ids(ids)
+    if q is None:
         return None
-    lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
-    if lo < 0 or hi >= 4 * ids.len() + 1024:
-        return None
-    r, q = rank.to_numpy(), ids.to_numpy()
+    r = rank.to_numpy()
     known = r >= 0  # pairs of unknown ranges: the join drops them
-    best = np.full(hi + 1, np.iinfo(np.int64).max)
+    best = np.full(int(q.max()) + 1, np.iinfo(np.int64).max)
     np.minimum.at(best, q[known], r[known])
     found = np.flatnonzero(best < np.iinfo(np.int64).max)
     return pl.DataFrame([pl.Series(ids.name, found).cast(ids.dtype),
@@ -257,13 +255,12 @@ def _rank_lookup(pairs: pl.LazyFrame | pl.DataFrame, ranked: pl.Series, range_id
     """``_rank`` (row of ``ranked``; -1: absent) of every pair's range, by an array lookup,
     when the range ids are distinct, non-negative and dense (e.g. row indices); else None.
     Probing a hash table with millions of pairs costs several times this gather."""
-    if not ranked.dtype.is_integer() or ranked.null_count() or ranked.is_empty():
+    rid = _dense_ids(ranked)
+    if rid is None or ranked.n_unique() < ranked.len():
         return None
-    lo, hi = int(ranked.min()), int(ranked.max())  # type: ignore[arg-type]
-    if lo < 0 or hi >= 4 * ranked.len() + 1024 or ranked.n_unique() < ranked.len():
-        return None
+    hi = int(rid.max())
     rank_of = np.full(hi + 1, -1, np.int64)
-    rank_of[ranked.to_numpy()] = np.arange(ranked.len())
+    rank_of[rid] = np.arange(ranked.len())
     ids = pairs.lazy().select(range_id).collect().to_series()
     if ids.null_count() or not ids.dtype.is_integer():
         return None

@@ -49,20 +49,36 @@ def packed_blocks(keys: Keys, frame: int, start: str, end: str,
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The union's blocks of frame ``frame`` of ``keys`` (intervals of positive length): group
     codes, packed starts and packed ends, sorted (numpy)."""
-    # Starts and ends are sorted separately: two sorts of values (no permutation to carry
-    # along, the cheapest sort there is). The k-th smallest end is never before the k-th
-    # smallest start, and a group has as many ends as starts (its keys all lie between the
-    # keys of the groups before and after it); so every interval that started so far has
-    # ended, and the union has a gap, exactly where the (k+1)-th start lies after the k-th
-    # end. A start exactly at that end touches the block and joins it.
+    # Starts and ends are sorted separately (`merge_sorted`): two sorts of values, no
+    # permutation to carry along. A group has as many ends as starts (its keys all lie between
+    # the keys of the groups before and after it), so its blocks stay its own.
     s = sweeps.sorted_values(keys.pack(frame, start).to_numpy())
     e = sweeps.sorted_values(keys.pack(frame, end).to_numpy())
-    first = np.ones(len(s), bool)
-    np.greater(s[1:], e[:-1], out=first[1:])
-    last = np.ones(len(s), bool)
+    bs, be = merge_sorted(s, e)
+    return bs // keys.span, bs, be
+
+
+def merge_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Block starts and block ends (sorted) of the union of the intervals ``[start, end)``
+    whose starts are ``starts``, sorted ascending, and whose ends are ``ends`` in either of two
+    orders that give the same blocks: sorted ascending on their own, or the running maximum
+    (``np.maximum.accumulate``) of the ends taken in the order of ``starts``. Intervals that
+    overlap or touch merge. Every end must be at or above its start, and intervals of zero
+    length must be dropped first (alone, one would give a block of zero length). Keys packed
+    per group (`packed_keys.Keys`, group codes times a span) merge within their group only:
+    every key of an earlier group is below every key of a later one.
+
+    A block ends after row ``k`` exactly where ``starts[k + 1] > ends[k]``. With the running
+    maximum this says that every earlier interval has ended. With ends sorted on their own it
+    says the same: the ``k + 1`` smallest ends then all lie before ``starts[k + 1]``, so they
+    are those of the ``k + 1`` earliest starts (any later interval ends at or after its
+    start), and the largest of them, ``ends[k]``, is the block's end. Sorting the two arrays
+    separately (two sorts of plain values) is cheaper than an argsort and a gather."""
+    first = np.ones(len(starts), bool)
+    np.greater(starts[1:], ends[:-1], out=first[1:])
+    last = np.ones(len(starts), bool)
     last[:-1] = first[1:]
-    bs = s[first]
-    return bs // keys.span, bs, e[last]
+    return starts[first], ends[last]
 
 
 def _blocks(keys: Keys, frame: int, start: str, end: str) -> pl.DataFrame:

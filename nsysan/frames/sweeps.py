@@ -28,20 +28,6 @@ def dense_codes(codes: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(uniq, codes.to_numpy()), uniq
 
 
-def group_lengths(df: pl.DataFrame, by: Sequence[str], value: str, name: str,
-                  start: str = START, end: str = END) -> pl.DataFrame:
-    """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
-    positive totals, in no particular order (``value``: a non-null integer column taking few
-    distinct values, such as a state code)."""
-    keys = Keys([df], by, [])
-    group, uniq = dense_codes(keys.group_code(0))
-    length = df.select(pl.col(end) - pl.col(start)).to_series().to_numpy()
-    g, values, sums = _pair_sums(group, len(uniq), df[value].to_numpy(), length)
-    return keys.attach_by(pl.DataFrame({
-        GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
-    }))
-
-
 def sort_order(keys: np.ndarray) -> np.ndarray:
     """Stable argsort of non-negative Int64 ``keys``. numpy sorts plain values several times
     faster than it argsorts them, so when the range allows, the row number rides along in
@@ -121,7 +107,7 @@ def member_concurrency(
     """
     by, members = list(by), list(members)
     x = df.select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
-    member, n_members = _member_codes(x, [*by, *members])
+    member, n_members = member_codes(x, [*by, *members])
     bits = max(n_members - 1, 1).bit_length()  # the member in the low bits: shifts, no division
     keys = Keys([x], by, [start, end], low=2 << bits)
     # (key, is_start, member): ends sort before starts at an instant; the level is read after
@@ -183,7 +169,7 @@ def _serial(member: np.ndarray, n_members: int, start: np.ndarray, end: np.ndarr
     return not np.any((m[1:] == m[:-1]) & (e[:-1] > s[1:]))
 
 
-def _member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
+def member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
     """A 0-based code below ``n`` of every row's ``cols`` (equal values, equal codes; their
     order is of no matter) and ``n``. Integer columns without nulls whose combined range is
     small (devices, processes, streams) are packed arithmetically (a column of one value
@@ -351,9 +337,10 @@ def run_sums(
 
 def run_lengths(segments: pl.DataFrame, group: str, value: str, name: str,
                 start: str = START, end: str = END) -> pl.DataFrame:
-    """`group_lengths` of ``segments`` that come in runs of one ``group`` value each, like
-    `run_sums` takes them: ``group, value, name``, only positive totals, in no
-    particular order. One sum into a dense (run, value) table: no group codes to pack."""
+    """Total length of the ``segments`` per (``group``, ``value``) for segments that come in
+    runs of one ``group`` value each, like `run_sums` takes them: ``group, value, name``, only
+    positive totals, in no particular order (``value``: a small non-negative integer code).
+    One sum into a dense (run, value) table: no group codes to pack."""
     runs = _Runs(segments, group, value, start, end)
     n_codes = len(runs.present)
     run = np.repeat(np.arange(len(runs.firsts)), np.diff(np.r_[runs.firsts, runs.seg.height]))
@@ -397,9 +384,11 @@ class _Runs:
 
 
 def cell_sums(cell: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
-    """Sum of the integer ``weights`` per ``cell`` in ``[0, n)``, exactly, as Int64."""
-    # Float sums are exact while every partial sum stays below 2**53; the lengths of disjoint
-    # segments add up to at most the groups' spans, far below that on any real trace.
+    """Sum of the non-negative integer ``weights`` per ``cell`` in ``[0, n)``, exactly, as
+    Int64."""
+    # Float sums are exact while every partial sum stays below 2**53 (with no negative weight,
+    # none exceeds the total); the lengths of disjoint segments add up to at most the groups'
+    # spans, far below that on any real trace.
     if float(weights.sum(dtype=np.float64)) < 2.0**52:
         return np.bincount(cell, weights=weights, minlength=n).astype(np.int64)
     table = np.zeros(n, np.int64)

@@ -44,6 +44,7 @@ import polars as pl
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.sweeps import cell_sums
 from nsysan.frames.trace import Trace
 from nsysan.passes import attribution_sums as sums
 from nsysan.passes import device_blocks, op_link
@@ -154,13 +155,10 @@ def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
     if rows is not None:  # distinct API keys: every op's call is a row number, no hash joins
         found = rows >= 0
-        launch = rows[found]
-        used = np.zeros(api.height, bool)
-        used[launch] = True
         op_launch = ops.filter(pl.Series(found)).select(
-            "op_id", pl.Series("launch_id", launch), "device_id", "start_ns", "end_ns"
+            "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
         )
-        return api.filter(pl.Series(used)).select(cols), op_launch, True
+        return api.filter(op_link.launched(trace, rows)).select(cols), op_launch, True
     # Some key is held by several API rows: join on ``_OP_KEY`` packed into one column.
     key = op_key([cuda_api, ops])
     api = api.with_columns(cuda_api.select(key))
@@ -284,23 +282,17 @@ def _merge_rows(launch: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.
     return pair_rows, order[first + np.arange(len(pair_rows))]
 
 
-def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """Int64 sum of ``values`` per ``index`` in ``[0, n)``."""
-    out = np.zeros(n, np.int64)
-    np.add.at(out, index, values)
-    return out
-
-
 def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
-    """GPU busy time of the trace: the union of all GPU ops per device, summed."""
+    """GPU busy time of the trace: the union of all GPU ops per device of ``ops``, summed
+    (ops of a null device are device -1 there, so they merge with a real device -1)."""
     if ops.is_empty():
         return 0
     if not (trace.gpu_ops["device_id"] == -1).any():
         # Null devices (filled with -1 in ``ops``) merge with no real device: the unions per
         # device are those of the other passes, cut from one shared sorted stream (read
-        # once here: not kept).
-        blocks = device_blocks.union(trace, None, timed=False, keep=False)
-        return int((blocks["end_ns"] - blocks["start_ns"]).sum())
+        # once here: not kept), summed from the blocks' arrays (no frame to build).
+        blocks = device_blocks.blocks(trace, None, timed=False, keep=False)
+        return int((blocks.end - blocks.start).sum())
     return int(iv.total(ops, by=["device_id"]).collect()["busy_ns"].sum())
 
 
@@ -386,7 +378,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     per_layer = pl.DataFrame({
         "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
         "instances": np.bincount(lid, minlength=n_layers).astype(np.int64),
-        "exclusive_gpu_ns": _sum_by(lid, exclusive, n_layers),
+        "exclusive_gpu_ns": cell_sums(lid, exclusive, n_layers),
         "n_gpu_ops": sums.distinct_counts(lid[pair_rix], launched["launch_id"].to_numpy(),
                                           n_layers),
         "gpu_busy_ns": layer_busy,

@@ -15,7 +15,7 @@ import polars as pl
 
 from nsysan.frames import intervals as iv
 from nsysan.frames.packed_keys import GROUP, LIMIT, Keys
-from nsysan.frames.sweeps import dense_codes, sorted_values
+from nsysan.frames.sweeps import member_codes, sorted_values
 
 _MAX = np.iinfo(np.int64).max
 _MIN = np.iinfo(np.int64).min
@@ -62,22 +62,20 @@ def distinct_counts(group: np.ndarray, item: np.ndarray, n_groups: int) -> np.nd
     return np.bincount(pair[first] // span, minlength=n_groups).astype(np.int64)
 
 
-def union_busy(group: np.ndarray, members: pl.DataFrame, n_groups: int) -> np.ndarray:
-    """Per group in ``[0, n_groups)``: the union of its intervals (``members``' rows:
-    ``device_id, start_ns, end_ns``, ``device_id`` non-null) per device, summed over
-    devices (what `intervals.total` by ``[group, device_id]`` then a sum per group gives)."""
-    return union_busies(members, [(group, n_groups)])[0]
-
-
 def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, int]],
                  ) -> list[np.ndarray]:
-    """`union_busy` of the same ``members`` under several groupings (``group, n_groups``,
-    e.g. per range and per layer): the rows, devices and times are read once."""
+    """Per grouping (``group, n_groups``: a group in ``[0, n_groups)`` of every row of
+    ``members``, e.g. per range and per layer), per group: the union of its intervals
+    (``members``' rows: ``device_id, start_ns, end_ns``, ``device_id`` non-null) per device,
+    summed over devices (what `intervals.total` by ``[group, device_id]`` then a sum per group
+    gives). The rows, devices and times are read once for all groupings."""
     ok = (members["end_ns"] > members["start_ns"]).fill_null(False)
     every = bool(ok.all())
     x = (members if every else members.filter(ok)).select("device_id", "start_ns", "end_ns")
     keep = None if every else ok.to_numpy()
-    device, n_dev = _device_codes(x["device_id"])
+    device, n_dev = member_codes(x, ["device_id"])
+    if n_dev <= 1:  # one device (or none): nothing to tell apart
+        device, n_dev = None, 1
     start, end = x["start_ns"].to_numpy(), x["end_ns"].to_numpy()
     out = []
     for group, n_groups in groupings:  # per grouping, not per row
@@ -90,34 +88,15 @@ def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, in
             continue
         starts, ends, span = packed
         # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
-        s, e = sorted_values(starts), sorted_values(ends)
-        first = np.ones(len(s), bool)
-        np.greater(s[1:], e[:-1], out=first[1:])
-        last = np.ones(len(s), bool)
-        last[:-1] = first[1:]
-        bs = s[first]
+        bs, be = iv.merge_sorted(sorted_values(starts), sorted_values(ends))
         # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
         # difference of running sums at the run's bounds, found by a binary search per
         # group (no division or scatter per block).
         total = np.zeros(len(bs) + 1, np.int64)
-        np.cumsum(e[last] - bs, out=total[1:])
+        np.cumsum(be - bs, out=total[1:])
         bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
         out.append(total[bounds[1:]] - total[bounds[:-1]])
     return out
-
-
-def _device_codes(device: pl.Series) -> tuple[np.ndarray | None, int]:
-    """Dense 0-based codes of the (non-null) device ids and their count (at least 1); None
-    for the codes when there is one device (or none)."""
-    d = device.cast(pl.Int64).to_numpy()
-    if not len(d) or int(d.min()) == int(d.max()):
-        return None, 1
-    lo, hi = int(d.min()), int(d.max())
-    if hi - lo < 1 << 16:  # few devices in a small range (as always): a lookup table
-        present = np.bincount(d - lo) > 0
-        return (np.cumsum(present) - 1)[d - lo], int(present.sum())
-    code, devices = dense_codes(device.cast(pl.Int64))
-    return code, len(devices)
 
 
 def _pack(code: np.ndarray, n_codes: int, start: np.ndarray, end: np.ndarray,
@@ -136,8 +115,8 @@ def _pack(code: np.ndarray, n_codes: int, start: np.ndarray, end: np.ndarray,
 
 def _union_busy_keys(code: np.ndarray, x: pl.DataFrame, n_dev: int, n_groups: int,
                      ) -> np.ndarray:
-    """`union_busy` through `packed_keys.Keys`, which ranks the times when they are too far
-    apart to pack as offsets."""
+    """One grouping of `union_busies` through `packed_keys.Keys`, which ranks the times when
+    they are too far apart to pack as offsets."""
     keys = Keys([x.with_columns(pl.Series("_c", code))], ["_c"], ["start_ns", "end_ns"])
     g, bs, be = iv.packed_blocks(keys, 0, "start_ns", "end_ns")
     block_code = keys.attach_by(pl.DataFrame({GROUP: g}, schema={GROUP: pl.Int64}))["_c"]
