@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from nsysan.frames.intervals import merge_sorted
 from nsysan.frames.packed_keys import GROUP, Keys
 from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
 from nsysan.frames.trace import Trace
@@ -153,22 +154,10 @@ def blocks(trace: Trace, op_classes: Collection[str | None] | None = None,
 
 
 def _blocks(st: _Stream, s: np.ndarray, e: np.ndarray) -> Blocks:
-    """Blocks of sorted packed intervals: a new block starts where an interval starts after
-    every earlier one has ended (one that starts exactly at that reach touches the block and
-    joins it). The running max of packed ends never carries over from an earlier device:
-    every key of an earlier device is smaller than any key of a later one."""
-    if s.size == 0:
-        first = last = np.zeros(0, bool)
-        reach = e
-    else:
-        reach = np.maximum.accumulate(e)
-        first = np.empty(s.size, bool)
-        first[0] = True
-        np.greater(s[1:], reach[:-1], out=first[1:])
-        last = np.empty(s.size, bool)
-        last[:-1] = first[1:]
-        last[-1] = True
-    bs, be = s[first], reach[last]
+    """Blocks of sorted packed intervals (`intervals.merge_sorted` on the running max of the
+    ends, which never carries over from an earlier device: every key of an earlier device is
+    smaller than any key of a later one)."""
+    bs, be = merge_sorted(s, np.maximum.accumulate(e))
     # Blocks come device by device: only the few device codes are decoded to device ids,
     # not one per block; times decode arithmetically.
     g = bs // st.keys.span
