@@ -26,7 +26,9 @@ from nsysan.batch.discover import TraceInput, discover
 from nsysan.batch.executors import make_executor
 from nsysan.batch.progress import Progress, make_progress
 from nsysan.batch.worker import RunRecord, RunTask, base_record, error_fields, utcnow
-from nsysan.errors import ConfigError, NsysanError
+from nsysan.errors import ConfigError, NsysanError, OutputError
+from nsysan.report.atomic import write_errors
+from nsysan.report.ownership import InputPaths
 
 ON_ERROR = ("record", "raise")
 
@@ -135,7 +137,11 @@ def run_batch(
     params = state.analysis_params(pass_list, settings, options)
     out_dir = Path(out).expanduser().resolve()
     traces = discover(inputs, exclude=[out_dir])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # no OUT/<trace_id> may be, hold or lie inside any input of the batch (checked here for
+    # all of them; each worker checks its own trace again)
+    protect = InputPaths(t.path for t in traces)
+    with write_errors(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     batch_id = batch_id or new_batch_id()
     prog = progress if hasattr(progress, "update") else make_progress(progress)  # type: ignore[arg-type]
     records: list[RunRecord] = []
@@ -173,6 +179,10 @@ def run_batch(
                     settings=tuple(sorted((settings or {}).items())),
                     nsys=nsys,
                 )
+                why = protect.conflict(task.out_dir)
+                if exc is None and why is not None:
+                    exc = OutputError(f"{task.out_dir}: refusing to write there: {why}; "
+                                      "choose another -o")
                 if exc is not None:
                     now = utcnow()
                     finish(base_record(task, "failed", started_utc=now, finished_utc=now,
