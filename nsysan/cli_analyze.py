@@ -160,6 +160,10 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             message = " ".join(str(exc).split())
             where = "" if str(path) in message else f"{path}: "
             click.echo(f"Error: {where}{message}", err=True)
+        except Exception as exc:  # a bug: reported for this trace, the others still run
+            failed += 1
+            click.echo(f"Error: {path}: {internal_error_line(exc)}", err=True)
+            show_traceback(exc)
         else:
             click.echo(summary_line(result, target))
             failing_findings |= _fails(result, fail_on)
@@ -190,6 +194,21 @@ def check_distinct_ids(traces: tuple[Path, ...], out: Path) -> None:
                 f"{len(inputs)} inputs ({names}) would all write {out / trace_id}: analyze "
                 "them into separate -o folders, rename them, or use `nsysan batch`, whose "
                 "trace ids keep the relative path and the suffix")
+
+
+def internal_error_line(exc: BaseException) -> str:
+    """The one line of an unexpected exception (a bug in nsysan)."""
+    text = " ".join(str(exc).split())
+    return (f"internal error: {type(exc).__name__}{': ' + text if text else ''} (please "
+            f"report it; NSYSAN_DEBUG=1 prints the traceback)")
+
+
+def show_traceback(exc: BaseException) -> None:
+    """The traceback of an internal error on stderr, when ``NSYSAN_DEBUG`` is set (not 0)."""
+    if os.environ.get("NSYSAN_DEBUG", "").strip() not in ("", "0"):
+        import traceback
+
+        click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
 
 
 class _Opening:

@@ -12,7 +12,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -146,7 +146,8 @@ def run_batch(
     prog = progress if hasattr(progress, "update") else make_progress(progress)  # type: ignore[arg-type]
     records: list[RunRecord] = []
 
-    with state.BatchLock(out_dir), Catalog(catalog_url(catalog, out_dir)) as cat:
+    url = catalog_url(catalog, out_dir)
+    with state.BatchLock(out_dir), _catalog_errors(url), Catalog(url) as cat:
         state.clean_stale(out_dir)
 
         def finish(record: RunRecord) -> None:
@@ -203,6 +204,20 @@ def run_batch(
         records=records,
         wall_s=time.monotonic() - t0,
     )
+
+
+@contextlib.contextmanager
+def _catalog_errors(url: str) -> Iterator[None]:
+    """A database error of the catalog (its disk full, the server gone) as one line."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        shown = sa.make_url(url).render_as_string(hide_password=True)
+        first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [""])[0]
+        raise NsysanError(f"catalog {shown}: {first}: check its file system (free space, "
+                          "permissions) or database, or choose another --catalog") from None
 
 
 def _safe_hash(trace: TraceInput) -> tuple[str, int, BaseException | None]:
