@@ -17,7 +17,11 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import in_ci
 
+import nsysan
+
 ROOT = Path(__file__).resolve().parents[1]
+#: where the nsysan this test process imported lives: the processes started run the same one
+PACKAGE_ROOT = Path(nsysan.__file__).resolve().parents[1]
 EXAMPLE = ROOT / "fixtures" / "example_ddp.sqlite"
 LAYERS = ROOT / "fixtures" / "example_layers.sqlite"
 
@@ -36,7 +40,8 @@ def nsysan(*args: str | os.PathLike[str], cwd: Path | None = None,
     """``nsysan ARGS`` as a process, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "nsysan", *map(os.fspath, args)],
                           capture_output=True, text=True, check=False, timeout=timeout,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                          cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT), **(env or {})})
 
 
 def one_error_line(stderr: str) -> str:

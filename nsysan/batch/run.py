@@ -27,6 +27,7 @@ from nsysan.batch.executors import make_executor
 from nsysan.batch.progress import Progress, make_progress
 from nsysan.batch.worker import RunRecord, RunTask, base_record, error_fields, utcnow
 from nsysan.errors import ConfigError, NsysanError, OutputError
+from nsysan.load.parquetdir import is_parquetdir
 from nsysan.report.atomic import write_errors
 from nsysan.report.ownership import InputPaths
 
@@ -136,10 +137,15 @@ def run_batch(
     options = {"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step}
     params = state.analysis_params(pass_list, settings, options)
     out_dir = Path(out).expanduser().resolve()
+    inputs = list(inputs)
     traces = discover(inputs, exclude=[out_dir])
     # no OUT/<trace_id> may be, hold or lie inside any input of the batch (checked here for
-    # all of them; each worker checks its own trace again)
+    # all of them; each worker checks its own trace again); OUT itself, where the catalog and
+    # the lock go, may hold traces but not be or lie in one (a parquetdir, a file)
     protect = InputPaths(t.path for t in traces)
+    named = InputPaths(p for p in map(Path, inputs) if p.is_file() or is_parquetdir(p))
+    for given in (protect, named):
+        given.check(out_dir, holding=False)
     with write_errors(out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
     batch_id = batch_id or new_batch_id()

@@ -228,23 +228,36 @@ class InputPaths:
             for parent in Path(r).parents:
                 self._under.setdefault(str(parent), os.fspath(p))
 
-    def conflict(self, output: str | os.PathLike[str]) -> str | None:
-        """Why ``output`` may not be written (None: it may)."""
+    def conflict(self, output: str | os.PathLike[str], *, holding: bool = True) -> str | None:
+        """Why ``output`` may not be written (None: it may); ``holding=False`` allows an
+        output folder that holds inputs (a batch output root beside its traces)."""
         r = real(output)
         if r in self._inputs:
             return f"it is the input {self._inputs[r]}"
-        if r in self._under:
+        if holding and r in self._under:
             return f"it contains the input {self._under[r]}"
         for parent in Path(r).parents:
             if str(parent) in self._inputs:
                 return f"it lies inside the input {self._inputs[str(parent)]}"
         return None
 
-    def check(self, output: str | os.PathLike[str], option: str = "-o") -> None:
-        why = self.conflict(output)
+    def check(self, output: str | os.PathLike[str], option: str = "-o", *,
+              holding: bool = True) -> None:
+        why = self.conflict(output, holding=holding)
         if why is not None:
             raise OutputError(f"{output}: refusing to write there: {why}; choose another "
                               f"{option}")
+
+
+def check_not_in_export(folder: Path, option: str = "-o") -> None:
+    """Refuse to write into (or under) an nsys parquetdir export, an input of this run or not:
+    its loader would take nsysan's Parquet files for tables of the capture."""
+    from nsysan.load.parquetdir import is_parquetdir
+
+    for p in (Path(real(folder)), *Path(real(folder)).parents):
+        if is_parquetdir(p):
+            raise OutputError(f"{folder}: refusing to write there: it lies inside the nsys "
+                              f"parquetdir export {p}; choose another {option}")
 
 
 # --- replacing a folder ------------------------------------------------------------------------
@@ -426,6 +439,7 @@ def prepare(root: str | os.PathLike[str], name: str, *, kind: str,
         for given in (InputPaths(paths), protect):
             if given is not None:
                 given.check(final, option)
+        check_not_in_export(root_path, option)
         root_path.mkdir(parents=True, exist_ok=True)
         check_replaceable(final, kind=kind, inputs=paths, option=option, legacy=legacy,
                           same_input_only=same_input_only)

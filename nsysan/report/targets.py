@@ -23,6 +23,7 @@ from nsysan.report.ownership import (
     MARKER,
     InputPaths,
     Legacy,
+    check_not_in_export,
     clean_stale,
     legacy_analysis,
     owner_of,
@@ -41,6 +42,7 @@ def check_files(folder: str | os.PathLike[str], files: Iterable[str], *, kind: s
     out = Path(folder)
     with write_errors(out, option):
         InputPaths(inputs).check(out, option)
+        check_not_in_export(out, option)
         if not os.path.lexists(out):
             return set()
         if not out.is_dir():
@@ -119,6 +121,8 @@ def _target(path: Path, inputs: Iterable[str | os.PathLike[str]], option: str,
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{path} is a folder: give {option} a file path")
     InputPaths(inputs).check(path, option)
+    if st is None or not stat.S_ISCHR(st.st_mode):  # (/dev/stdout lies in no export)
+        check_not_in_export(path.parent, option)
     if st is None:
         return None
     if not (stat.S_ISREG(st.st_mode) or (appending and stat.S_ISCHR(st.st_mode))):
