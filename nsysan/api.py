@@ -231,42 +231,44 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
     """`write_outputs` into the prepared ``folder``; with ``diagnose``, the findings are drawn
     (`_diagnose_timed`) while the Parquet tables are written: they need only the pass
     results."""
-    from nsysan.report.atomic import write_errors
+    from nsysan.report.atomic import output_error
     from nsysan.report.manifest import MANIFEST_JSON
     from nsysan.report.parquet import write_tables
 
     tmp = folder.tmp
     try:
-        with write_errors(folder.final):
-            schemas = {n: s for r in registry.resolve(result.results)
-                       for n, s in r.tables.items()}
+        schemas = {n: s for r in registry.resolve(result.results) for n, s in r.tables.items()}
 
-            def parquet() -> float:
-                t = time.perf_counter()
-                write_tables(result.tables, tmp, schemas)
-                return time.perf_counter() - t
+        def parquet() -> float:
+            t = time.perf_counter()
+            write_tables(result.tables, tmp, schemas)
+            return time.perf_counter() - t
 
-            # Parquet encoding runs in polars without the GIL: it overlaps the findings and
-            # the pictures and documents (mostly Python), and the manifest waits for it (it
-            # hashes the tables). Its time is recorded then, after the findings' (manifest
-            # key order).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-parquet") as pool:
-                tables_written = pool.submit(parquet)
+        # Parquet encoding runs in polars without the GIL: it overlaps the findings and the
+        # pictures and documents (mostly Python), and the manifest waits for it (it hashes
+        # the tables). Its time is recorded then, after the findings' (manifest key order).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-parquet") as pool:
+            tables_written = pool.submit(parquet)
 
-                def tables_done() -> None:
-                    result.timings_s["write_parquet"] = tables_written.result()
+            def tables_done() -> None:
+                result.timings_s["write_parquet"] = tables_written.result()
 
-                if diagnose:
-                    _diagnose_timed(result)
-                _write_reports(result, tmp, tables_done)
-                tables_done()  # also when no report was written: raise its error
-            _forget_streams(result.trace)
-            manifest = tmp / MANIFEST_JSON
-            described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
-                         if manifest.is_file() else [])
-            return folder.commit(described)
+            if diagnose:
+                _diagnose_timed(result)
+            _write_reports(result, tmp, tables_done)
+            tables_done()  # also when no report was written: raise its error
+        _forget_streams(result.trace)
+        manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
+        described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
+                     if manifest.is_file() else [])
+        return folder.commit(described)
+    except Exception as exc:  # a failure of the file system: one line that says what to do
+        error = output_error(exc, folder.final)
+        if error is None:
+            raise
+        raise error from None
     finally:
-        folder.abort()
+        folder.abort()  # (nothing once committed)
 
 
 def _write_reports(result: AnalysisResult, out_dir: Path,

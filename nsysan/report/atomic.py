@@ -102,17 +102,25 @@ def write_error_message(exc: BaseException, target: str | os.PathLike[str],
     return f"{target}: cannot write ({reason.lower()}): {todo}"
 
 
+def output_error(exc: BaseException, target: str | os.PathLike[str],
+                 option: str = "-o") -> OutputError | None:
+    """The `OutputError` of a file-system failure about ``target`` (None for any other
+    exception, which stays what it is)."""
+    if isinstance(exc, OutputError) or os_errno(exc) is None:
+        return None
+    return OutputError(write_error_message(exc, target, option))
+
+
 @contextlib.contextmanager
 def write_errors(target: str | os.PathLike[str], option: str = "-o") -> Iterator[None]:
     """Turn a file-system failure inside the block into one `OutputError` about ``target``."""
     try:
         yield
-    except OutputError:
-        raise
     except Exception as exc:
-        if os_errno(exc) is None:
+        error = output_error(exc, target, option)
+        if error is None:
             raise
-        raise OutputError(write_error_message(exc, target, option)) from None
+        raise error from None
 
 
 # --- files --------------------------------------------------------------------------------------

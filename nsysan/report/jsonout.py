@@ -17,7 +17,7 @@ from typing import Any
 import nsysan
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import SEVERITIES
-from nsysan.report.atomic import atomic_write as atomic_write  # (its home until the split)
+from nsysan.report.atomic import atomic_write as atomic_write  # (the writers import it here)
 
 SCHEMA_VERSION = "1"
 FINDINGS_JSON = "findings.json"
