@@ -228,3 +228,16 @@ def test_batch_never_writes_over_an_input_in_its_output_root(workspace: Path) ->
     assert done.stdout.count("it is the input") == 2
     after = snapshot(d)
     assert_untouched({k: v for k, v in before.items() if k.endswith(".sqlite")}, after)
+
+
+def test_batch_gives_inputs_with_one_id_their_own_folders(workspace: Path) -> None:
+    shutil.copy(EXAMPLE, workspace / "a b.sqlite")
+    shutil.copy(EXAMPLE, workspace / "a_b.sqlite")
+    done = cli("batch", "a b.sqlite", "a_b.sqlite", "-o", "out", "--jobs", "1",
+               "--progress", "none", *FAST)
+    assert done.exit_code == 0 and "2 ok" in done.stdout, done.output
+    folders = sorted(p for p in os.listdir(workspace / "out") if p.startswith("a_b"))
+    assert len(folders) == 2
+    paths = {json.loads((workspace / "out" / f / ".nsysan-output.json").read_text())
+             ["inputs"][0]["path"] for f in folders}
+    assert paths == {str(workspace / "a b.sqlite"), str(workspace / "a_b.sqlite")}

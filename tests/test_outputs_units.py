@@ -179,3 +179,16 @@ def test_write_errors_name_the_output_and_what_to_do(tmp_path: Path) -> None:
         raise polars_error
     with pytest.raises(ValueError), write_errors("out/t"):  # not the file system's: as it is
         raise ValueError("a bug")
+
+
+def test_a_full_disk_at_the_batch_marker_is_an_output_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nsysan.batch import state
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutputError, match="no space left on the device"):
+        state.write_marker(tmp_path, {"skip_key": "k"})
+    assert os.listdir(tmp_path) == []  # no temporary file left either

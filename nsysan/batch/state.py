@@ -139,15 +139,21 @@ def is_done(out_dir: str | os.PathLike[str], key: str) -> dict[str, Any] | None:
 
 
 def write_marker(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
-    """Write the marker atomically (temp file, fsync, rename, fsync of the directory)."""
-    from nsysan.report.atomic import temp_prefix
+    """Write the marker atomically (temp file, fsync, rename, fsync of the directory); a
+    failure of the file system (a full disk) is an `OutputError`, the outputs stay."""
+    from nsysan.report.atomic import temp_prefix, write_errors
 
     d = Path(out_dir)
+    with write_errors(d):
+        return _write_marker(d, payload, temp_prefix(MARKER))
+
+
+def _write_marker(d: Path, payload: Mapping[str, Any], prefix: str) -> Path:
     final = d / MARKER
     data = json.dumps({"marker_version": MARKER_VERSION, **payload}, indent=1, sort_keys=True,
                       default=str)
     # nsysan's temporary name: one left by a kill is recognisably nsysan's inside the folder
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(MARKER), dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=d)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(data)
