@@ -192,3 +192,14 @@ def test_a_full_disk_at_the_batch_marker_is_an_output_error(
     with pytest.raises(OutputError, match="no space left on the device"):
         state.write_marker(tmp_path, {"skip_key": "k"})
     assert os.listdir(tmp_path) == []  # no temporary file left either
+
+
+def test_a_marker_without_a_file_list_under_a_final_name_is_not_replaced(tmp_path: Path) -> None:
+    src = tmp_path / "t.sqlite"
+    src.write_bytes(b"trace")
+    (tmp_path / "out" / "t").mkdir(parents=True)
+    _marker(tmp_path / "out" / "t", kind="analysis", state="writing")
+    (tmp_path / "out" / "t" / "data.csv").write_text("someone's\n")
+    with pytest.raises(OutputError, match="unfinished nsysan outputs"):
+        prepare(tmp_path / "out", "t", kind="analysis", inputs=[src])
+    assert sorted(os.listdir(tmp_path / "out" / "t")) == [MARKER, "data.csv"]

@@ -280,6 +280,9 @@ def check_replaceable(final: Path, *, kind: str, inputs: Sequence[Path], option:
     if owner is None:
         raise OutputError(f"{final} exists and was not written by nsysan (it has no {MARKER}): "
                           f"nsysan does not replace it; move it away or choose another {option}")
+    if owner.files is None:  # a temporary folder's marker under a final name: not finished
+        raise OutputError(f"{final} holds unfinished nsysan outputs (its marker lists no "
+                          f"files): move it away or choose another {option}")
     if not owner.legacy and owner.kind != kind:
         raise OutputError(f"{final} holds nsysan {owner.kind} outputs, not {kind} outputs: "
                           f"choose another {option}")
