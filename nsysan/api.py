@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -20,6 +19,9 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
 from nsysan.passes.schedule import pass_workers, run_passes
+
+if TYPE_CHECKING:
+    from nsysan.report.ownership import InputPaths, OwnedFolder
 
 #: the event frames an analysis reads, in the order the passes first need them
 EVENT_FRAMES = ("gpu_ops", "nvtx", "cuda_api", "sync", "osrt", "overhead")
@@ -197,29 +199,43 @@ def _diagnose(result: AnalysisResult) -> Any:
     })
 
 
-def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str]) -> Path:
+def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
+                  protect: Iterable[str | os.PathLike[str]] | InputPaths | None = None) -> Path:
     """Write every table and report of ``result`` into ``out_dir/<trace_id>/``, atomically.
 
-    Files are written into a temporary sibling directory that is renamed into place at the
-    end, so a crash never leaves a directory that looks complete.
+    Files are written into a temporary sibling folder that is swapped into place at the end,
+    so a crash never leaves a folder that looks complete. An existing ``<trace_id>`` folder is
+    replaced only when nsysan wrote it, for the same input, and nothing else is in it; an
+    output folder that is, contains or lies inside an input (the trace's, or any of
+    ``protect``: every input of a multi-trace run) is refused (`nsysan.errors.OutputError`,
+    nothing touched; see docs/outputs.md).
     """
-    return _write_outputs(result, out_dir, diagnose=False)
+    folder = _prepare_folder(result.trace, out_dir, protect)
+    return _write_outputs(result, folder, diagnose=False)
 
 
-def _write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
-                   diagnose: bool) -> Path:
-    """`write_outputs`; with ``diagnose``, the findings are drawn (`_diagnose_timed`) while
-    the Parquet tables are written: they need only the pass results."""
+def _prepare_folder(trace: Trace, out_dir: str | os.PathLike[str],
+                    protect: Iterable[str | os.PathLike[str]] | InputPaths | None
+                    ) -> OwnedFolder:
+    from nsysan.report import ownership
+    from nsysan.report.manifest import default_inputs
+
+    if protect is not None and not isinstance(protect, ownership.InputPaths):
+        protect = ownership.InputPaths(protect)
+    return ownership.prepare(out_dir, trace.trace_id, kind="analysis",
+                             inputs=default_inputs(trace), protect=protect,
+                             legacy=ownership.legacy_analysis)
+
+
+def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool) -> Path:
+    """`write_outputs` into the prepared ``folder``; with ``diagnose``, the findings are drawn
+    (`_diagnose_timed`) while the Parquet tables are written: they need only the pass
+    results."""
+    from nsysan.report.atomic import output_error
+    from nsysan.report.manifest import MANIFEST_JSON
     from nsysan.report.parquet import write_tables
 
-    root = Path(out_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / result.trace_id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{result.trace_id}.tmp-", dir=root))
-    # mkdtemp makes the directory private (0700); outputs are ordinary files for their readers.
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
+    tmp = folder.tmp
     try:
         schemas = {n: s for r in registry.resolve(result.results) for n, s in r.tables.items()}
 
@@ -242,17 +258,17 @@ def _write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
             _write_reports(result, tmp, tables_done)
             tables_done()  # also when no report was written: raise its error
         _forget_streams(result.trace)
-        if final.exists():
-            old = root / f".{result.trace_id}.old-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
+        described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
+                     if manifest.is_file() else [])
+        return folder.commit(described)
+    except Exception as exc:  # a failure of the file system: one line that says what to do
+        error = output_error(exc, folder.final)
+        if error is None:
+            raise
+        raise error from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        folder.abort()  # (nothing once committed)
 
 
 def _write_reports(result: AnalysisResult, out_dir: Path,
@@ -279,16 +295,29 @@ def analyze_to_dir(
     out_dir: str | os.PathLike[str],
     *,
     timings_s: Mapping[str, float] | None = None,
+    protect: Iterable[str | os.PathLike[str]] | InputPaths | None = None,
     **kwargs: Any,
 ) -> tuple[AnalysisResult, Path]:
     """`analyze` then `write_outputs`: what ``nsysan analyze TRACE -o OUT`` does per trace.
 
-    The findings are drawn while the Parquet tables are written. ``timings_s`` are times the
+    The output folder is checked (and its temporary folder made) right after the trace is
+    opened, before the passes run: a folder that may not be written costs no analysis. The
+    findings are drawn while the Parquet tables are written. ``timings_s`` are times the
     caller measured before (e.g. ``open`` when the trace was opened in the background); they
-    replace those of the analysis in the manifest. Other keywords are `analyze`'s.
+    replace those of the analysis in the manifest. ``protect`` is `write_outputs`'; other
+    keywords are `analyze`'s.
     """
     kwargs.setdefault("hash_inputs", True)
     findings = kwargs.pop("findings", True)
-    result = _run_passes(path_or_trace, findings=findings, **kwargs)
+    t0 = time.perf_counter()
+    trace = _open(path_or_trace, kwargs.get("nsys"))
+    opened_s = time.perf_counter() - t0
+    folder = _prepare_folder(trace, out_dir, protect)
+    try:
+        result = _run_passes(trace, findings=findings, **kwargs)
+    except BaseException:
+        folder.abort()
+        raise
+    result.timings_s["open"] += opened_s
     result.timings_s.update(timings_s or {})
-    return result, _write_outputs(result, out_dir, diagnose=findings)
+    return result, _write_outputs(result, folder, diagnose=findings)

@@ -1,10 +1,13 @@
 """The ``nsysan`` command line. Thin by design: parse, one library call, render.
 
 Every `NsysanError` becomes ``Error: <message>`` on stderr with exit status 1 and no traceback
-(`NsysanGroup`); usage errors exit 2 (click's default). `cli` is the click group, `main` the
-console entry point. To add a command, write a function under ``@cli.command()`` (or build it
-in its own module and ``cli.add_command(cmd)`` at the end of this file) that calls the library
-and renders; reuse `nsys_options` where the command accepts reports.
+(`NsysanGroup`); so does a failure of the file system that no command turned into one (an
+OSError), and any other exception, a bug, as ``Error: internal error: ...`` (the traceback
+follows when ``NSYSAN_DEBUG=1``). Usage errors exit 2 (click's default). `cli` is the click
+group, `main` the console entry point. To add a command, write a function under
+``@cli.command()`` (or build it in its own module and ``cli.add_command(cmd)`` at the end of
+this file) that calls the library and renders; reuse `nsys_options` where the command accepts
+reports.
 """
 
 from __future__ import annotations
@@ -33,8 +36,18 @@ class NsysanGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
         except NsysanError as exc:
             raise click.ClickException(_one_line(exc)) from None
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or _one_line(exc)}") from None
+        except Exception as exc:
+            from nsysan.cli_analyze import internal_error_line, show_traceback
+
+            show_traceback(exc)
+            raise click.ClickException(internal_error_line(exc)) from None
 
 
 def _one_line(exc: BaseException) -> str:

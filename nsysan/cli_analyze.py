@@ -135,6 +135,10 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
         return
     if rank_map:
         raise click.UsageError("--rank-map needs --job")
+    check_distinct_ids(traces, out)
+    from nsysan.report.ownership import InputPaths
+
+    protect = InputPaths(traces)  # no output folder may be, hold or lie in any input
     _import_reports()
     failed = 0
     failing_findings = False
@@ -147,7 +151,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             result, target = analyze_to_dir(
                 path if opened is None else opened[0], out, passes=selected, settings=parsed,
                 samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                nsys=str(nsys) if nsys else None,
+                nsys=str(nsys) if nsys else None, protect=protect,
                 timings_s=None if opened is None else {"open": opened[1]})
         except ConfigError:
             raise  # a usage mistake applies to every trace: stop at once
@@ -156,6 +160,10 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             message = " ".join(str(exc).split())
             where = "" if str(path) in message else f"{path}: "
             click.echo(f"Error: {where}{message}", err=True)
+        except Exception as exc:  # a bug: reported for this trace, the others still run
+            failed += 1
+            click.echo(f"Error: {path}: {internal_error_line(exc)}", err=True)
+            show_traceback(exc)
         else:
             click.echo(summary_line(result, target))
             failing_findings |= _fails(result, fail_on)
@@ -167,6 +175,40 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
         sys.exit(1)
     if failing_findings:
         sys.exit(EXIT_FINDINGS)
+
+
+def check_distinct_ids(traces: tuple[Path, ...], out: Path) -> None:
+    """Refuse, before any analysis, distinct inputs whose outputs would share a folder: each
+    trace writes ``OUT/<trace_id>/``, and the id is the file name without export suffixes
+    (``a b.sqlite`` and ``a_b.sqlite`` are both ``a_b``). The same file named twice is one
+    input (analysed twice, its folder replaced)."""
+    from nsysan.load import trace_id_for
+
+    by_id: dict[str, dict[str, Path]] = {}
+    for path in traces:
+        by_id.setdefault(trace_id_for(path), {}).setdefault(os.path.realpath(path), path)
+    for trace_id, inputs in by_id.items():
+        if len(inputs) > 1:
+            names = ", ".join(str(p) for p in list(inputs.values())[:4])
+            raise ConfigError(
+                f"{len(inputs)} inputs ({names}) would all write {out / trace_id}: analyze "
+                "them into separate -o folders, rename them, or use `nsysan batch`, whose "
+                "trace ids keep the relative path and the suffix")
+
+
+def internal_error_line(exc: BaseException) -> str:
+    """The one line of an unexpected exception (a bug in nsysan)."""
+    text = " ".join(str(exc).split())
+    return (f"internal error: {type(exc).__name__}{': ' + text if text else ''} (please "
+            f"report it; NSYSAN_DEBUG=1 prints the traceback)")
+
+
+def show_traceback(exc: BaseException) -> None:
+    """The traceback of an internal error on stderr, when ``NSYSAN_DEBUG`` is set (not 0)."""
+    if os.environ.get("NSYSAN_DEBUG", "").strip() not in ("", "0"):
+        import traceback
+
+        click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
 
 
 class _Opening:

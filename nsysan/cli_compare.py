@@ -41,6 +41,12 @@ def _analysis_options(fn: Any) -> Any:
     return fn
 
 
+def _input_paths(*args: str | None) -> list[Path]:
+    """The arguments that name existing files or folders (traces, analysis folders; not
+    baseline names): no output may be written over or into them."""
+    return [Path(a) for a in args if a and os.path.lexists(a)]
+
+
 def _options(samples: float | None, tokens: float | None, nsys: Path | None) -> dict[str, Any]:
     return {"samples_per_step": samples, "tokens_per_step": tokens,
             "nsys": str(nsys) if nsys else None}
@@ -73,17 +79,21 @@ def diff_cmd(base: str, new: str, out: Path | None, min_effect: float, confidenc
     unchanged, not comparable); the change of step time by engine state and by layer."""
     from nsysan.compare import baseline as bl
     from nsysan.compare.diff import DiffParams, diff
-    from nsysan.compare.render import diff_json, summary_lines, write_diff
+    from nsysan.compare.render import DIFF_FILES, diff_json, summary_lines, write_diff
     from nsysan.compare.stats import StatsParams
+    from nsysan.report.targets import check_files
 
     params = DiffParams(StatsParams(min_effect=min_effect, confidence=confidence),
                         min_kernel_mix_similarity=min_similarity)
+    inputs = _input_paths(base, new)
+    if out is not None:  # refused now rather than after both analyses
+        check_files(out, DIFF_FILES, kind="diff", names=DIFF_FILES, inputs=inputs)
     st = bl.open_store(catalog, store)
     opts = _options(samples_per_step, tokens_per_step, nsys)
     res = diff(bl.resolve(base, store=st, options=opts, role="BASE"),
                bl.resolve(new, store=st, options=opts, role="NEW"), params)
     if out is not None:
-        write_diff(res, out)
+        write_diff(res, out, inputs=inputs)
     if as_json:
         click.echo(diff_json(res))
     else:
@@ -120,8 +130,9 @@ def check_cmd(trace: str, budget_path: Path, baseline: str | None, junit: Path |
     a rule cannot be evaluated (not comparable)."""
     from nsysan.compare import baseline as bl
     from nsysan.compare import budget as bud
-    from nsysan.compare.junit import append_summary, step_summary, write_junit
+    from nsysan.compare.junit import append_summary, is_junit_report, step_summary, write_junit
     from nsysan.errors import ConfigError
+    from nsysan.report.targets import check_file
 
     budget = bud.load(budget_path)  # invalid rules fail here, before any analysis
     base_arg = baseline or budget.baseline
@@ -129,6 +140,15 @@ def check_cmd(trace: str, budget_path: Path, baseline: str | None, junit: Path |
         raise ConfigError(f"{budget_path}: rules compare with `baseline` but no baseline was "
                           "given: pass --baseline NAME|DIR or set baseline = \"NAME\" in the "
                           "budget")
+    # the report files are checked now, before the analysis; neither may be an input
+    inputs = [budget_path, *_input_paths(trace, base_arg)]
+    summary_option = "--summary"
+    if summary is None and os.environ.get("GITHUB_STEP_SUMMARY"):
+        summary, summary_option = Path(os.environ["GITHUB_STEP_SUMMARY"]), "$GITHUB_STEP_SUMMARY"
+    if junit is not None:
+        check_file(junit, inputs=inputs, option="--junit", is_ours=is_junit_report)
+    if summary is not None:
+        check_file(summary, inputs=inputs, option=summary_option, appending=True)
     st = bl.open_store(catalog, store)
     opts = _options(samples_per_step, tokens_per_step, nsys)
     run = bl.resolve(trace, store=st, options=opts, role="TRACE")
@@ -139,12 +159,11 @@ def check_cmd(trace: str, budget_path: Path, baseline: str | None, junit: Path |
         click.echo(r.line())
     suite = Path(budget_path).stem
     if junit is not None:
-        write_junit(junit, results, suite=suite, trace_id=run.trace_id)
-    target = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"])
-                         if os.environ.get("GITHUB_STEP_SUMMARY") else None)
-    if target is not None:
-        append_summary(target, step_summary(results, trace_id=run.trace_id,
-                                            budget=str(budget_path), baseline=base_arg))
+        write_junit(junit, results, suite=suite, trace_id=run.trace_id, inputs=inputs)
+    if summary is not None:
+        append_summary(summary, step_summary(results, trace_id=run.trace_id,
+                                             budget=str(budget_path), baseline=base_arg),
+                       inputs=inputs, option=summary_option)
     code = bud.exit_code(results)
     if code:
         sys.exit(code)

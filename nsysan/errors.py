@@ -23,3 +23,9 @@ class SchemaError(NsysanError):
 
 class ConfigError(NsysanError):
     """A parameter, pass name, budget file or other user setting is invalid."""
+
+
+class OutputError(NsysanError):
+    """An output location cannot be used: it holds files nsysan did not write, it is (or
+    contains, or lies inside) an input, or the file system refused the write (permissions,
+    read-only, full). Nothing was changed there."""

@@ -142,11 +142,23 @@ def test_marker_roundtrip_and_mismatch(tmp_path):
 
 
 def test_clean_stale_and_lock(tmp_path):
+    import subprocess
+    import sys
+
+    from nsysan.report.atomic import host_tag
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    stale = tmp_path / f".t1.nsysan-tmp-{host_tag()}-{dead.pid}-abc"
+    stale.mkdir()
+    (stale / ".nsysan-output.json").write_text('{"nsysan_output": 1, "state": "writing"}')
+    (stale / "gaps.parquet").write_bytes(b"x")
+    # look-alikes of the names earlier versions used are someone else's: they stay
     (tmp_path / ".t1.tmp-abc").mkdir()
     (tmp_path / ".t1.old-123").mkdir()
     (tmp_path / "t1").mkdir()
-    state.clean_stale(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["t1"]
+    assert state.clean_stale(tmp_path) == [stale]
+    assert sorted(os.listdir(tmp_path)) == [".t1.old-123", ".t1.tmp-abc", "t1"]
     with (
         state.BatchLock(tmp_path),
         pytest.raises(ConfigError, match="another nsysan batch"),

@@ -12,7 +12,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,7 +26,10 @@ from nsysan.batch.discover import TraceInput, discover
 from nsysan.batch.executors import make_executor
 from nsysan.batch.progress import Progress, make_progress
 from nsysan.batch.worker import RunRecord, RunTask, base_record, error_fields, utcnow
-from nsysan.errors import ConfigError, NsysanError
+from nsysan.errors import ConfigError, NsysanError, OutputError
+from nsysan.load.parquetdir import is_parquetdir
+from nsysan.report.atomic import write_errors
+from nsysan.report.ownership import InputPaths
 
 ON_ERROR = ("record", "raise")
 
@@ -134,13 +137,23 @@ def run_batch(
     options = {"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step}
     params = state.analysis_params(pass_list, settings, options)
     out_dir = Path(out).expanduser().resolve()
+    inputs = list(inputs)
     traces = discover(inputs, exclude=[out_dir])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # no OUT/<trace_id> may be, hold or lie inside any input of the batch (checked here for
+    # all of them; each worker checks its own trace again); OUT itself, where the catalog and
+    # the lock go, may hold traces but not be or lie in one (a parquetdir, a file)
+    protect = InputPaths(t.path for t in traces)
+    named = InputPaths(p for p in map(Path, inputs) if p.is_file() or is_parquetdir(p))
+    for given in (protect, named):
+        given.check(out_dir, holding=False)
+    with write_errors(out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
     batch_id = batch_id or new_batch_id()
     prog = progress if hasattr(progress, "update") else make_progress(progress)  # type: ignore[arg-type]
     records: list[RunRecord] = []
 
-    with state.BatchLock(out_dir), Catalog(catalog_url(catalog, out_dir)) as cat:
+    url = catalog_url(catalog, out_dir)
+    with state.BatchLock(out_dir), _catalog_errors(url), Catalog(url) as cat:
         state.clean_stale(out_dir)
 
         def finish(record: RunRecord) -> None:
@@ -173,6 +186,10 @@ def run_batch(
                     settings=tuple(sorted((settings or {}).items())),
                     nsys=nsys,
                 )
+                why = protect.conflict(task.out_dir)
+                if exc is None and why is not None:
+                    exc = OutputError(f"{task.out_dir}: refusing to write there: {why}; "
+                                      "choose another -o")
                 if exc is not None:
                     now = utcnow()
                     finish(base_record(task, "failed", started_utc=now, finished_utc=now,
@@ -193,6 +210,20 @@ def run_batch(
         records=records,
         wall_s=time.monotonic() - t0,
     )
+
+
+@contextlib.contextmanager
+def _catalog_errors(url: str) -> Iterator[None]:
+    """A database error of the catalog (its disk full, the server gone) as one line."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        shown = sa.make_url(url).render_as_string(hide_password=True)
+        first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [""])[0]
+        raise NsysanError(f"catalog {shown}: {first}: check its file system (free space, "
+                          "permissions) or database, or choose another --catalog") from None
 
 
 def _safe_hash(trace: TraceInput) -> tuple[str, int, BaseException | None]:

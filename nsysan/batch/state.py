@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -140,12 +139,21 @@ def is_done(out_dir: str | os.PathLike[str], key: str) -> dict[str, Any] | None:
 
 
 def write_marker(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
-    """Write the marker atomically (temp file, fsync, rename, fsync of the directory)."""
+    """Write the marker atomically (temp file, fsync, rename, fsync of the directory); a
+    failure of the file system (a full disk) is an `OutputError`, the outputs stay."""
+    from nsysan.report.atomic import temp_prefix, write_errors
+
     d = Path(out_dir)
+    with write_errors(d):
+        return _write_marker(d, payload, temp_prefix(MARKER))
+
+
+def _write_marker(d: Path, payload: Mapping[str, Any], prefix: str) -> Path:
     final = d / MARKER
     data = json.dumps({"marker_version": MARKER_VERSION, **payload}, indent=1, sort_keys=True,
                       default=str)
-    fd, tmp = tempfile.mkstemp(prefix=f"{MARKER}.tmp-", dir=d)
+    # nsysan's temporary name: one left by a kill is recognisably nsysan's inside the folder
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=d)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(data)
@@ -174,23 +182,16 @@ def _fsync_dir(d: Path) -> None:
 
 
 def clean_stale(out_root: str | os.PathLike[str]) -> list[Path]:
-    """Remove temp/old directories that an interrupted `write_outputs` left in ``out_root``.
+    """Remove the temporary folders that killed nsysan processes left in ``out_root``.
 
-    Only call this while holding the batch lock (see `BatchLock`): a live writer's temp
-    directory looks exactly like a stale one.
+    Only nsysan's own are ever touched: an entry with nsysan's temporary name, holding its
+    output marker (or nothing), whose writer process on this host is dead (see
+    `nsysan.report.ownership.clean_stale`); a live writer's folder is never removed, and a
+    look-alike such as a user's ``.notes.tmp-x`` neither.
     """
-    root = Path(out_root)
-    removed = []
-    if not root.is_dir():
-        return removed
-    for entry in root.iterdir():
-        if entry.name.startswith(".") and (".tmp-" in entry.name or ".old-" in entry.name):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
+    from nsysan.report.ownership import clean_stale as clean_owned
+
+    return clean_owned(out_root)
 
 
 class BatchLock:
@@ -208,8 +209,10 @@ class BatchLock:
         import fcntl
 
         from nsysan.errors import ConfigError
+        from nsysan.report.atomic import write_errors
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with write_errors(self.path.parent):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 from nsysan.compare import metrics as M
 from nsysan.compare.inputs import FINDINGS_JSON, MANIFEST_JSON, find_output_dir
 from nsysan.errors import ConfigError
+from nsysan.report.atomic import atomic_write
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 RECORD = "baseline.json"
@@ -57,6 +57,11 @@ def default_store() -> Path:
         return Path(env).expanduser()
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data) / "nsysan" / "baselines"
+
+
+def _stored(name: str) -> bool:
+    """A file a baseline folder holds: the tables, findings.json, manifest.json, the record."""
+    return name.endswith(".parquet") or name in (FINDINGS_JSON, MANIFEST_JSON, RECORD)
 
 
 def check_name(name: str) -> str:
@@ -106,18 +111,21 @@ class LocalStore:
     def save(self, name: str, target: str | Path, options: dict[str, Any] | None = None
              ) -> Baseline:
         """Store an analysis of ``target`` (a trace, or an ``analyze`` output directory)."""
+        from nsysan.report.ownership import legacy_files, replacing
+
         final = self._dir(name)
         target = Path(target)
         if not target.exists():
             raise ConfigError(f"{target}: no such trace or output directory")
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=self.root))
-        try:
+        # a baseline's folder is replaced by the next save of that name, whatever it holds,
+        # but only when nsysan wrote it and nothing else is in it (see docs/outputs.md)
+        with replacing(self.root, name, kind="baseline", inputs=[target], option="--store",
+                       legacy=legacy_files(_stored, RECORD), same_input_only=False) as folder:
+            tmp = folder.tmp
             found = find_output_dir(target)
             if found is not None:
                 for f in sorted(found.iterdir()):
-                    if f.is_file() and (f.suffix == ".parquet"
-                                        or f.name in (FINDINGS_JSON, MANIFEST_JSON)):
+                    if f.is_file() and _stored(f.name) and f.name != RECORD:
                         shutil.copy2(f, tmp / f.name)
                 source = str(found.resolve())
             else:
@@ -126,18 +134,8 @@ class LocalStore:
             ms = M.from_dir(tmp)
             rec = Baseline(name, _now(), ms.trace_id, str(final.resolve()), source, self.where,
                            headline=ms.headline())
-            (tmp / RECORD).write_text(json.dumps(rec.to_dict(), indent=2) + "\n",
-                                      encoding="utf-8")
-            old = None
-            if final.exists():
-                old = self.root / f".{name}.old-{os.getpid()}"
-                os.replace(final, old)
-            os.replace(tmp, final)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            atomic_write(tmp / RECORD, json.dumps(rec.to_dict(), indent=2) + "\n")
+            folder.commit()
         return rec
 
     def get(self, name: str) -> Baseline | None:

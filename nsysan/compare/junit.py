@@ -9,12 +9,13 @@ distinctly. The XML follows the common JUnit schema (``testsuites`` > ``testsuit
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from nsysan.compare.budget import RuleResult, exit_code
-from nsysan.report.jsonout import atomic_write
+from nsysan.report.targets import append_file, write_file
 
 _ICON = {"pass": "✅", "fail": "❌", "not comparable": "⚠️"}
 
@@ -72,15 +73,26 @@ def step_summary(results: Sequence[RuleResult], *, trace_id: str, budget: str,
     return "\n".join(out) + "\n"
 
 
+def is_junit_report(path: Path) -> bool:
+    """``path`` holds a JUnit report of `junit_xml` (which nsysan may replace)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return False
+    return b'<testsuites name="nsysan check"' in head
+
+
 def write_junit(path: str | Path, results: Sequence[RuleResult], *, suite: str,
-                trace_id: str) -> Path:
-    return atomic_write(Path(path), junit_xml(results, suite=suite, trace_id=trace_id))
+                trace_id: str, inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """Write the JUnit report to ``path``; a file already there is replaced only when it is
+    empty or an nsysan JUnit report, and never when it is one of ``inputs``."""
+    return write_file(path, junit_xml(results, suite=suite, trace_id=trace_id), inputs=inputs,
+                      option="--junit", is_ours=is_junit_report)
 
 
-def append_summary(path: str | Path, text: str) -> Path:
+def append_summary(path: str | Path, text: str, *,
+                   inputs: Iterable[str | os.PathLike[str]] = (),
+                   option: str = "--summary") -> Path:
     """Append (GitHub's $GITHUB_STEP_SUMMARY is shared by every step of a job)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    return p
+    return append_file(path, text + "\n", inputs=inputs, option=option)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import polars as pl
 from nsysan.compare.diff import DiffResult
 from nsysan.findings.evidence import fmt_frac, fmt_ns
 from nsysan.report.jsonout import _clean, atomic_write
+from nsysan.report.targets import write_files
 
 DIFF_FILES = ("diff.md", "diff.json", "diff.parquet", "diff_decomposition.parquet",
               "diff_decomposition.png")
@@ -189,6 +192,12 @@ def markdown(res: DiffResult, top: int = 15) -> str:
 
 def decomposition_png(res: DiffResult, path: Path, top: int = 12) -> Path | None:
     """Two panels of horizontal bars: change per step by engine state, and by layer."""
+    png = decomposition_png_bytes(res, top)
+    return None if png is None else atomic_write(path, png)
+
+
+def decomposition_png_bytes(res: DiffResult, top: int = 12) -> bytes | None:
+    """The picture of `decomposition_png` as PNG bytes (None without a decomposition)."""
     d = res.decomposition
     if d.is_empty():
         return None
@@ -228,7 +237,7 @@ def decomposition_png(res: DiffResult, path: Path, top: int = 12) -> Path | None
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    return atomic_write(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def diff_json(res: DiffResult) -> str:
@@ -236,19 +245,34 @@ def diff_json(res: DiffResult) -> str:
     return json.dumps(_clean(res.to_dict()), indent=2, ensure_ascii=False, allow_nan=False)
 
 
-def write_diff(res: DiffResult, out_dir: str | Path, top: int = 15) -> list[Path]:
-    """Write the diff files into ``out_dir``; returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+def _legacy_diff(folder: Path) -> frozenset[str] | None:
+    """The diff files an nsysan of before output markers wrote into ``folder`` (recognised by
+    its diff.json), or None."""
+    try:
+        doc = json.loads((folder / "diff.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(doc, dict) and {"base", "new", "metrics", "decomposition"} <= set(doc)):
+        return None
+    return frozenset(n for n in DIFF_FILES if (folder / n).is_file())
+
+
+def write_diff(res: DiffResult, out_dir: str | Path, top: int = 15,
+               inputs: Iterable[str | os.PathLike[str]] = ()) -> list[Path]:
+    """Write the diff files into ``out_dir`` (a folder of the user's, made when absent);
+    returns their paths. A diff file already there is replaced only when nsysan wrote it
+    (`nsysan.report.ownership.write_files`); ``out_dir`` may not be, hold or lie in any of
+    ``inputs`` (`nsysan.errors.OutputError`, nothing written)."""
+    files: dict[str, bytes | str] = {}
     for name, df in (("diff.parquet", res.rows), ("diff_decomposition.parquet",
                                                    res.decomposition)):
         buf = io.BytesIO()
         df.write_parquet(buf, compression="zstd")
-        written.append(atomic_write(out / name, buf.getvalue()))
-    written.append(atomic_write(out / "diff.json", diff_json(res) + "\n"))
-    png = decomposition_png(res, out / "diff_decomposition.png")
+        files[name] = buf.getvalue()
+    files["diff.json"] = diff_json(res) + "\n"
+    png = decomposition_png_bytes(res)
     if png is not None:
-        written.append(png)
-    written.append(atomic_write(out / "diff.md", markdown(res, top) + "\n"))
-    return written
+        files["diff_decomposition.png"] = png
+    files["diff.md"] = markdown(res, top) + "\n"
+    return write_files(out_dir, files, kind="diff", names=DIFF_FILES, inputs=inputs,
+                       legacy=_legacy_diff)

@@ -91,6 +91,7 @@ class JobResult:
 _EXPORT_RE = re.compile(r"(?i)(\.nsys\d{4}(?:\.\d+)*)?\.(sqlite|parquetdir)$")
 _REPORT_RE = re.compile(r"(?i)\.(nsys-rep|qdrep)$")
 _PREFERENCE = {"sqlite": 0, "parquetdir": 1, "nsys-rep": 2, "qdrep": 2}
+_JOB_FILES = frozenset({"ranks.parquet", "collectives.parquet", "job_findings.md"})
 
 
 def job_files(directory: Path) -> list[Path]:
@@ -481,17 +482,19 @@ def job_markdown(result: JobResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_job_outputs(result: JobResult, out_dir: str | os.PathLike[str]) -> Path:
-    """Write ``ranks.parquet``, ``collectives.parquet`` and ``job_findings.md`` into
-    ``out_dir`` (created); returns it."""
+def write_job_outputs(result: JobResult, out_dir: str | os.PathLike[str], *,
+                      protect: Any = None) -> Path:
+    """Write ranks.parquet, collectives.parquet and job_findings.md into ``out_dir`` atomically;
+    an existing ``out_dir`` is replaced only as `nsysan.report.ownership` allows."""
+    from nsysan.report.atomic import atomic_write
+    from nsysan.report.ownership import legacy_files, replacing
     from nsysan.report.parquet import write_table
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, df in result.tables.items():
-        write_table(df, out / f"{name}.parquet", schemas.JOB_OUTPUTS[name])
-    md = out / "job_findings.md"
-    tmp = md.with_name(f".{md.name}.tmp-{os.getpid()}")
-    tmp.write_text(job_markdown(result), encoding="utf-8")
-    os.replace(tmp, md)
-    return out
+    with replacing(out.parent, out.name, kind="job", inputs=[t.meta.path for t in result.traces],
+                   protect=protect, legacy=legacy_files(_JOB_FILES.__contains__,
+                                                        "job_findings.md")) as folder:
+        for name, df in result.tables.items():
+            write_table(df, folder.tmp / f"{name}.parquet", schemas.JOB_OUTPUTS[name])
+        atomic_write(folder.tmp / "job_findings.md", job_markdown(result))
+        return folder.commit()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,26 +17,10 @@ from typing import Any
 import nsysan
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import SEVERITIES
+from nsysan.report.atomic import atomic_write as atomic_write  # (the writers import it here)
 
 SCHEMA_VERSION = "1"
 FINDINGS_JSON = "findings.json"
-
-
-def atomic_write(path: Path, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same directory + rename, so
-    readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.nsysan-tmp-{os.getpid()}")
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def _clean(obj: Any) -> Any:

@@ -9,13 +9,14 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.frames.schemas import conform
+from nsysan.report.atomic import temp_file
 
 
 def write_table(df: pl.DataFrame, path: Path, schema: pl.Schema | None = None) -> Path:
     """Write one table atomically: a temp file in the same directory, then rename."""
     if schema is not None and df.schema != schema:  # (conforming a conforming frame: a copy)
         df = conform(df, schema)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_file(path)
     try:
         # zstd level 1: a third faster to encode than the default level 3 on the largest
         # tables (attribution: 0.13 -> 0.10 s per 450k rows), files ~4% larger
