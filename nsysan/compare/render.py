@@ -113,7 +113,8 @@ def _metrics_md(res: DiffResult, top: int) -> list[str]:
             continue
         if kind is not None:  # changes first, then by size of the change
             d = d.sort([pl.col("verdict").is_in(["improved", "regressed"]),
-                        pl.col("delta").abs().fill_null(-1)], descending=[True, True])
+                        pl.col("delta").abs().fill_null(-1)], descending=[True, True],
+                       maintain_order=True)  # stable: ties keep the metric order
         out += [f"### {title}", "", "| metric | base | new | change | CI of change | verdict |",
                 "|---|---|---|---|---|---|"]
         for r in d.head(top if kind is not None else d.height).iter_rows(named=True):
