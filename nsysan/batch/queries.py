@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from nsysan.batch.catalog import FINDINGS, METRICS, RUNS, TRACES, Catalog
 from nsysan.batch.summary import WORSE_WHEN
 from nsysan.errors import ConfigError
+from nsysan.escape import LIKE_ESCAPE, like_glob
 
 AGAINST = ("previous", "group")
 _READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values)\b", re.IGNORECASE)
@@ -88,11 +89,14 @@ def latest_runs(catalog: Catalog) -> QueryResult:
 
 
 def findings_of(catalog: Catalog, code: str, *, all_runs: bool = False) -> QueryResult:
-    """Findings whose code is ``code`` (``*``/``%`` wildcards allowed, case-insensitive), from
-    each trace's latest successful run, or from every run with ``all_runs``."""
+    """Findings whose code is ``code`` (case-insensitive; ``*`` matches any run of characters,
+    every other character only itself: ``%`` and ``_`` are not wildcards), from each trace's
+    latest successful run, or from every run with ``all_runs``."""
     pattern = code.strip().upper()
-    if "*" in pattern or "%" in pattern:
-        cond = sa.func.upper(FINDINGS.c.code).like(pattern.replace("*", "%"))
+    if not pattern:
+        raise ConfigError("--findings needs a finding code or a pattern such as GPU_*")
+    if "*" in pattern:
+        cond = sa.func.upper(FINDINGS.c.code).like(like_glob(pattern), escape=LIKE_ESCAPE)
     else:
         cond = sa.func.upper(FINDINGS.c.code) == pattern
     q = (

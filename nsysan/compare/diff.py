@@ -19,6 +19,7 @@ from nsysan.compare import decompose as dec
 from nsysan.compare.metrics import CATALOGUE, KINDS, Metric, MetricSet, MetricSpec, RunInfo
 from nsysan.compare.stats import VERDICTS, Comparison, Resampler, StatsParams, compare_samples
 from nsysan.errors import ConfigError
+from nsysan.escape import md_code
 
 DIFF = pl.Schema({
     "metric": pl.String,  # kind["selector"].name
@@ -121,7 +122,8 @@ def comparability(base: MetricSet, new: MetricSet, params: DiffParams = DiffPara
         top = [max(m, key=m.get) for m in (a.kernel_mix, b.kernel_mix)]
         out.blockers.append(
             f"different workloads: kernel-mix similarity {sim:.2f} < "
-            f"{params.min_kernel_mix_similarity:.2f} (top kernel {top[0]} vs {top[1]})")
+            f"{params.min_kernel_mix_similarity:.2f} (top kernel {md_code(top[0], 80)} vs "
+            f"{md_code(top[1], 80)})")
     missing_a, missing_b = set(a.not_captured), set(b.not_captured)
     for frame in sorted(missing_a ^ missing_b):
         side = "NEW" if frame in missing_a else "BASE"
@@ -151,8 +153,9 @@ def comparability(base: MetricSet, new: MetricSet, params: DiffParams = DiffPara
         if not info.n_steps:
             out.scopes.setdefault("steps", f"missing steps in {side}: {info.steps_note}")
     if a.n_steps and b.n_steps and a.steps_source != b.steps_source:
-        out.scopes.setdefault("steps", f"step boundaries differ: {a.steps_source} vs "
-                                       f"{b.steps_source}")
+        # step sources name NVTX patterns from the trace: code spans (reasons are Markdown)
+        out.scopes.setdefault("steps", f"step boundaries differ: {md_code(a.steps_source)} vs "
+                                       f"{md_code(b.steps_source)}")
     if a.n_devices > 1 or b.n_devices > 1:
         out.notes.append("several devices: per-step metrics use the primary device; layer "
                          "times sum over devices")
