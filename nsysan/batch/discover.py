@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsysan.errors import ConfigError
+from nsysan.load.export import SIDECAR_SUFFIX
 from nsysan.load.parquetdir import is_parquetdir
 
 TRACE_SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite")
@@ -75,7 +76,8 @@ def trace_format(path: Path) -> str:
 
 
 def _is_own_cache(name: str) -> bool:
-    return bool(_EXPORT_CACHE.search(name)) or ".nsysan-tmp" in name
+    return (bool(_EXPORT_CACHE.search(name)) or ".nsysan-tmp" in name
+            or name.endswith(SIDECAR_SUFFIX))
 
 
 def _walk(root: Path, exclude: set[Path]) -> Iterable[Path]:

@@ -6,6 +6,7 @@ renders as a table or JSON.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -142,8 +143,11 @@ def regressed(
         raise ConfigError(
             f"cannot rank regressions on {metric!r}; metrics: {', '.join(sorted(WORSE_WHEN))}"
         )
-    if by_ratio < 1.0:
-        raise ConfigError(f"--by-ratio must be >= 1 (1.05 = 5% worse), got {by_ratio}")
+    if not (math.isfinite(by_ratio) and by_ratio >= 1.0):
+        raise ConfigError(f"--by-ratio must be a finite number >= 1 (1.05 = 5% worse), got "
+                          f"{by_ratio}")
+    if not math.isfinite(min_delta):
+        raise ConfigError(f"--min-delta must be a finite number, got {min_delta}")
     if against not in AGAINST:
         raise ConfigError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
     direction = WORSE_WHEN[metric]

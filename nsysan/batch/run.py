@@ -131,6 +131,9 @@ def run_batch(
         raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     runner = make_executor(executor, jobs, scheduler)
     pass_list = tuple(passes) if passes is not None else None
+    from nsysan.api import check_per_step
+
+    check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     options = {"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step}
     params = state.analysis_params(pass_list, settings, options)
     out_dir = Path(out).expanduser().resolve()

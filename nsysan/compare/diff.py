@@ -156,10 +156,49 @@ def comparability(base: MetricSet, new: MetricSet, params: DiffParams = DiffPara
         # step sources name NVTX patterns from the trace: code spans (reasons are Markdown)
         out.scopes.setdefault("steps", f"step boundaries differ: {md_code(a.steps_source)} vs "
                                        f"{md_code(b.steps_source)}")
+    _device_sets(a, b, out)
     if a.n_devices > 1 or b.n_devices > 1:
         out.notes.append("several devices: per-step metrics use the primary device; layer "
                          "times sum over devices")
     return out
+
+
+def _ids(devices: tuple[int, ...]) -> str:
+    return ", ".join(map(str, devices)) or "none"
+
+
+def _device_sets(a: RunInfo, b: RunInfo, out: Comparability) -> None:
+    """Runs on different sets of GPUs are not comparable (a GPU less halves the kernel time
+    and moves every per-device share), unless the user selected the devices to compare
+    (``--devices``): then those must be in both runs, and the metrics that sum over every
+    device (kernels, layers) stay not comparable while the full sets differ."""
+    if not a.all_devices or not b.all_devices:
+        return  # unknown on one side (no overlap table): nothing to check
+    selected = a.selected_devices if a.selected_devices is not None else b.selected_devices
+    if selected is None:
+        if a.all_devices != b.all_devices:
+            out.blockers.append(
+                f"different devices: BASE has GPU {_ids(a.all_devices)}, NEW has GPU "
+                f"{_ids(b.all_devices)}; compare the GPUs both have with --devices "
+                f"{','.join(map(str, sorted(set(a.all_devices) & set(b.all_devices))))}"
+                if set(a.all_devices) & set(b.all_devices) else
+                f"different devices: BASE has GPU {_ids(a.all_devices)}, NEW has GPU "
+                f"{_ids(b.all_devices)}, none in common")
+        return
+    for side, info in (("BASE", a), ("NEW", b)):
+        absent = sorted(set(selected) - set(info.all_devices))
+        if absent:
+            out.blockers.append(f"--devices {_ids(tuple(absent))}: not in {side} (its GPUs: "
+                                f"{_ids(info.all_devices)})")
+    if a.all_devices != b.all_devices:
+        reason = (f"kernel and layer times sum over every GPU and the runs have different GPUs "
+                  f"(BASE {_ids(a.all_devices)}, NEW {_ids(b.all_devices)}): --devices "
+                  "selects only per-device metrics")
+        for scope in ("kernel", "layer", "graph"):
+            out.scopes.setdefault(scope, reason)
+    else:
+        out.notes.append(f"compared GPU {_ids(selected)} of {_ids(a.all_devices)}; kernel and "
+                         "layer times are totals over every GPU")
 
 
 @dataclass
