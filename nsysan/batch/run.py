@@ -175,6 +175,7 @@ def run_batch(
                     passes=pass_list,
                     settings=tuple(sorted((settings or {}).items())),
                     nsys=nsys,
+                    aliases=tuple(str(p) for p in trace.aliases),
                 )
                 if exc is not None:
                     now = utcnow()
@@ -199,7 +200,14 @@ def run_batch(
 
 
 def _safe_hash(trace: TraceInput) -> tuple[str, int, BaseException | None]:
-    """(sha256, bytes, None), or ("", 0, error) when the input cannot be read."""
+    """(sha256, bytes, None), or ("", 0, error) when the input cannot be read (a named pipe
+    or a device is refused before it is opened: reading it would block or never end)."""
+    from nsysan.load import check_openable
+
+    try:
+        check_openable(trace.path)
+    except errors.TraceFormatError as exc:
+        return "", 0, exc
     try:
         digest, size = _hash(trace)
         return digest, size, None

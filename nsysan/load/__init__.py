@@ -7,7 +7,10 @@ see `export`), a SQLite export (``.sqlite``) or a parquetdir export (a directory
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from pathlib import Path
 
 from nsysan.errors import SchemaError, TraceFormatError
@@ -18,7 +21,7 @@ from nsysan.load.export import REPORT_MAGIC, REPORT_SUFFIXES, export_report, rep
 from nsysan.load.source import TableSource
 from nsysan.load.sqlite import SQLITE_MAGIC, SqliteSource, read_header
 
-__all__ = ["open_source", "open_trace", "trace_id_for"]
+__all__ = ["check_openable", "open_source", "open_trace", "trace_id_for"]
 
 #: suffixes that name an export or a report rather than the run (stripped by `trace_id_for`)
 _EXPORT_SUFFIX = re.compile(
@@ -50,6 +53,38 @@ def trace_id_for(path: str | Path) -> str:
     return safe or "trace"
 
 
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_openable(path: str | Path) -> None:
+    """Refuse at once what is neither a regular file nor a directory: reading a named pipe
+    blocks until someone writes to it (forever, for a profile), a device never ends, and a
+    symlink loop or a dangling link is no profile. Raises TraceFormatError saying which."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TraceFormatError(f"{path}: symlink loop (too many levels of symbolic links); "
+                                   "fix or remove the link") from None
+        if exc.errno == errno.ENOENT and os.path.lexists(path):
+            raise TraceFormatError(f"{path}: dangling symbolic link (its target "
+                                   f"{os.readlink(path)} does not exist)") from None
+        if exc.errno == errno.ENOENT:
+            raise TraceFormatError(f"{path}: no such file or directory") from None
+        raise TraceFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return
+    kind = next((what for test, what in _FILE_KINDS if test(st.st_mode)), "not a regular file")
+    raise TraceFormatError(f"{path} is {kind}, not a profile: pass a .nsys-rep, .qdrep, .sqlite "
+                           "file or a parquetdir export (copy the data to a file first)")
+
+
 def _directory_source(path: Path) -> TableSource:
     try:
         has_parquet = any(p.suffix == ".parquet" for p in path.iterdir())
@@ -77,8 +112,7 @@ def open_source(
     Reports are exported first (cached); nsys is needed only for them.
     """
     path = Path(path)
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such file or directory")
+    check_openable(path)
     if path.is_dir():
         return _directory_source(path), None
     header = read_header(path)

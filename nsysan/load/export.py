@@ -188,14 +188,14 @@ def _check_report(report: Path) -> None:
 def _is_complete(out: Path, fmt: str) -> bool:
     """Whatever nsys wrote looks like a whole export (checked before the rename)."""
     if fmt == "parquetdir":
-        return out.is_dir() and any(out.glob("*.parquet")) and _parquet_files_whole(out)
+        return out.is_dir() and any(out.glob("*.parquet")) and parquet_files_whole(out)
     try:
-        return out.is_file() and _sqlite_whole(out)
+        return out.is_file() and sqlite_file_whole(out)
     except (OSError, TraceFormatError):
         return False
 
 
-def _sqlite_whole(path: Path) -> bool:
+def sqlite_file_whole(path: Path) -> bool:
     """The SQLite magic, and the size the header declares (page size x page count, when the
     header's page count is valid) equals the file's size."""
     header = read_header(path, 100)
@@ -210,7 +210,7 @@ def _sqlite_whole(path: Path) -> bool:
     return True
 
 
-def _parquet_files_whole(directory: Path) -> bool:
+def parquet_files_whole(directory: Path) -> bool:
     """Every ``*.parquet`` file starts and ends with the Parquet magic (a cut file lacks the
     footer)."""
     for f in directory.glob("*.parquet"):
