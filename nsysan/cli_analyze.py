@@ -268,7 +268,10 @@ def check_distinct_inputs(paths: tuple[Path, ...]) -> None:
 
     by_path: dict[Path, Path] = {}
     for p in paths:
-        resolved = p.expanduser().resolve()
+        try:
+            resolved = p.expanduser().resolve()
+        except (OSError, RuntimeError):  # a symlink loop: opening it says so
+            resolved = p.expanduser().absolute()
         if resolved in by_path:
             raise ConfigError(f"--job: {by_path[resolved]} and {p} are the same file; name each "
                               "rank's profile once")

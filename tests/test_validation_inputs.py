@@ -109,3 +109,18 @@ def test_batch_on_the_cli_does_not_hang_or_trace_back(odd_archive: Path,
     assert "Traceback" not in res.stderr + res.stdout
     assert "FAILED pipe.sqlite: TraceFormatError:" in res.stdout
     assert "FAILED loop.sqlite: TraceFormatError:" in res.stdout
+
+
+@needs_fifo
+def test_export_and_job_refuse_odd_inputs(tmp_path: Path) -> None:
+    from nsysan.load.export import export_report
+
+    fifo = tmp_path / "run.nsys-rep"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceFormatError, match="named pipe"):
+        export_report(fifo)  # the header read blocked before
+    loop = tmp_path / "loop.sqlite"
+    loop.symlink_to(loop)
+    res = _nsysan("analyze", "--job", loop, EXAMPLE, "-o", tmp_path / "out", timeout=120)
+    assert res.returncode == 1 and "symlink loop" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from nsysan.errors import ConfigError, ExportError, TraceFormatError
+from nsysan.load.files import check_openable
 from nsysan.load.sqlite import SQLITE_MAGIC, read_header
 
 ExportFormat = Literal["sqlite", "parquetdir"]
@@ -318,6 +319,7 @@ def export_report(
     report = Path(report)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    check_openable(report)  # a named pipe would block the header read below
     _check_report(report)
     recorded = report_version(report)
     binary = find_nsys(nsys)

@@ -30,6 +30,7 @@ from nsysan.escape import md_cell, md_text
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.load.files import check_openable
 from nsysan.multirank import align
 from nsysan.multirank.ranks import (
     MPI_OR_NCCL_API_RE,
@@ -131,8 +132,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
             expanded.append(item)
             continue
         p = Path(item)
-        if not p.exists():
-            raise TraceFormatError(f"{p}: no such file or directory")
+        check_openable(p)  # missing, a pipe, a symlink loop: one line saying which
         from nsysan.batch.discover import is_parquetdir
 
         if p.is_dir() and not is_parquetdir(p):
