@@ -180,7 +180,7 @@ def check_per_step(**values: float | None) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, "
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive and finite, "
                               f"got {value!r}")
 
 

@@ -24,9 +24,10 @@ import re
 #: C0 and C1 control characters other than the whitespace that `_one_line` folds
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
 #: what `md_text` escapes: every ASCII character that can start Markdown or an HTML construct
-#: inline (emphasis, code, links, images, raw HTML, entities, autolinks, tables, headings,
-#: strikethrough) and the backslash itself
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#!|~&])")
+#: inline (emphasis, code, links and images — "[" —, raw HTML and autolinks — "<" —, entities,
+#: tables, heading ends, strikethrough) and the backslash itself; "(", "!" and "{" start
+#: nothing without an unescaped "[" and stay readable
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~&])")
 _BACKTICKS = re.compile(r"`+")
 LIKE_ESCAPE = "\\"
 

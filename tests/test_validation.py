@@ -75,7 +75,7 @@ def test_library_rejects_nan_per_step_values() -> None:
     from nsysan.api import analyze
 
     for value in (float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="positive finite number"):
+        with pytest.raises(ConfigError, match="must be positive and finite"):
             analyze(EXAMPLE, samples_per_step=value)
 
 

@@ -123,7 +123,7 @@ def diagnose(
     """
     for name, v in (("samples_per_step", samples_per_step), ("tokens_per_step", tokens_per_step)):
         if v is not None and not (math.isfinite(v) and v > 0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive finite number, "
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive and finite, "
                               f"got {v!r}")
     ctx = Context(trace, results, params or FindingParams())
     findings: list[Finding] = []

@@ -139,7 +139,7 @@ def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str
     """Per-step breakdown: where each step's device time went, step by step."""
     if steps is None or steps.is_empty():
         return []
-    source = md_code(steps["source"][0])  # e.g. nvtx:<a name pattern from the trace>
+    source = md_text(steps["source"][0])  # e.g. nvtx:<a name pattern from the trace>
     lines = ["## Steps", "", f"{steps.height} steps from {source}"
              f" ({int(steps['warmup'].sum())} warm-up). Per step, device time by engine state:", ""]
     if overlap is not None and not overlap.is_empty():
