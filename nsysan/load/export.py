@@ -319,7 +319,8 @@ def export_report(
     report = Path(report)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
-    check_openable(report)  # a named pipe would block the header read below
+    if os.path.lexists(report):  # (a missing report: the header read below says so)
+        check_openable(report)  # a named pipe would block the header read below
     _check_report(report)
     recorded = report_version(report)
     binary = find_nsys(nsys)
