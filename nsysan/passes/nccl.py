@@ -272,9 +272,8 @@ def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:
             ),
             on=["global_pid", "correlation_id"], how="inner",
         )
-        # several calls with one key: the earliest (then by thread and name) is the launch
         .sort("global_pid", "correlation_id", "api_start_ns", "api_end_ns", "global_tid",
-              "api_name", nulls_last=True)
+              "api_name", nulls_last=True)  # one key, several calls: the earliest launched
         .unique(["global_pid", "correlation_id"], keep="first", maintain_order=True)
     )
 
@@ -307,12 +306,10 @@ def _nccl_table(
     n_ranks = _n_ranks(trace, params, kern)
     dur = pl.col("end_ns") - pl.col("start_ns")
     op = pl.coalesce("nvtx_op", "kernel_op", pl.lit("Generic"))
-    # ``_k`` (the kernel's row in gpu_ops order, which is content order) breaks ties of the
-    # table's sort: the joins below keep no row order.
     table = (
         kern.lazy()
         .with_columns(covered)
-        .with_row_index("_k")
+        .with_row_index("_k")  # gpu_ops (content) order: breaks the sort's ties below
         .join(names.lazy(), on="kernel_name", how="left")
         .join(launches.drop("global_tid", "api_end_ns"), on=["global_pid", "correlation_id"],
               how="left")
