@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import weakref
@@ -151,10 +152,7 @@ def _run_passes(
     """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
     specs = registry.resolve(passes)
     params = registry.build_params(specs, settings)
-    per_step = (("samples_per_step", samples_per_step), ("tokens_per_step", tokens_per_step))
-    for name, value in per_step:
-        if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     t0 = time.perf_counter()
     trace = start(path_or_trace, nsys=nsys, findings=findings, hash_inputs=hash_inputs)
     timings = {"open": time.perf_counter() - t0}
@@ -174,6 +172,18 @@ def _run_passes(
         timings_s=timings,
         options={"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step},
     )
+
+
+def check_per_step(**values: float | None) -> None:
+    """``samples_per_step`` / ``tokens_per_step``: None or a positive finite number (NaN
+    passed ``value <= 0`` and came out as "nan/s")."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive and finite, "
+                              f"got {value!r}")
 
 
 def _diagnose_timed(result: AnalysisResult) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from nsysan.cli_types import FINITE
 from nsysan.errors import ConfigError, NsysanError
 from nsysan.passes.base import SEVERITIES
 
@@ -92,9 +93,9 @@ def _fails(result: Any, fail_on: str | None) -> bool:
               help="Override a pass parameter, e.g. --set gaps.min_gap_ns=500000 (repeatable).")
 @click.option("--fail-on", type=click.Choice(list(SEVERITIES)), default=None,
               help=f"Exit {EXIT_FINDINGS} when a finding at or above this severity exists.")
-@click.option("--samples-per-step", type=float, default=None,
+@click.option("--samples-per-step", type=FINITE, default=None,
               help="Samples per step, for throughput in the baseline.")
-@click.option("--tokens-per-step", type=float, default=None,
+@click.option("--tokens-per-step", type=FINITE, default=None,
               help="Tokens per step, for throughput in the baseline.")
 @click.option("--job", is_flag=True, default=False,
               help="Treat the traces as the ranks of one job (multi-rank analysis).")
@@ -131,6 +132,15 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     # Validate passes and parameters once, before any trace is analysed.
     registry.build_params(registry.resolve(selected), parsed)
     if job:
+        ignored = [opt for opt, given in (("--passes", passes is not None),
+                                          ("--set", bool(settings)),
+                                          ("--samples-per-step", samples_per_step is not None),
+                                          ("--tokens-per-step", tokens_per_step is not None))
+                   if given]
+        if ignored:  # the multi-rank analysis runs its own fixed passes
+            raise click.UsageError(
+                f"{', '.join(ignored)} cannot be used with --job: the multi-rank analysis has "
+                "no pass selection or parameters; analyse the rank files without --job for that")
         _analyze_job(traces, out, rank_map, nsys, fail_on)
         return
     if rank_map:
@@ -257,14 +267,8 @@ def _analyze_job(traces: tuple[Path, ...], out: Path, rank_map: str | None,
         from nsysan.multirank import analyze_job, write_job_outputs
     except ImportError as exc:  # pragma: no cover - the package is part of nsysan
         raise ConfigError(f"multi-rank analysis is unavailable: {exc}") from None
-    mapping: dict[str, int] | None = None
-    if rank_map:
-        mapping = {}
-        for item in rank_map.split(","):
-            name, sep, rank = item.rpartition("=")
-            if not sep or not rank.strip().isdigit():
-                raise ConfigError(f"--rank-map {item!r}: expected FILE=RANK")
-            mapping[name.strip()] = int(rank)
+    check_distinct_inputs(traces)
+    mapping = parse_rank_map(rank_map) if rank_map else None
     job = analyze_job(list(traces), rank_map=mapping, nsys=str(nsys) if nsys else None)
     target = write_job_outputs(job, out / f"job_{job.job_id}")
     counts = {s: sum(f.severity == s for f in job.findings) for s in reversed(SEVERITIES)}
@@ -276,6 +280,61 @@ def _analyze_job(traces: tuple[Path, ...], out: Path, rank_map: str | None,
     if fail_on and any(SEVERITIES.index(f.severity) >= SEVERITIES.index(fail_on)
                        for f in job.findings):
         sys.exit(EXIT_FINDINGS)
+
+
+def parse_rank_map(text: str) -> dict[str, int]:
+    """``FILE=RANK,...`` -> {FILE: RANK}; a file named twice or a rank given twice is a
+    ConfigError (one rank would silently win)."""
+    mapping: dict[str, int] = {}
+    for item in text.split(","):
+        name, sep, rank = item.rpartition("=")
+        name = name.strip()
+        if not sep or not name or not rank.strip().isdigit():
+            raise ConfigError(f"--rank-map {item!r}: expected FILE=RANK")
+        if name in mapping:
+            raise ConfigError(f"--rank-map names {name!r} twice; give each file one rank")
+        mapping[name] = int(rank)
+    seen: dict[int, str] = {}
+    for name, rank in mapping.items():
+        if rank in seen:
+            raise ConfigError(f"--rank-map gives rank {rank} to both {seen[rank]!r} and "
+                              f"{name!r}; every rank must be distinct")
+        seen[rank] = name
+    return mapping
+
+
+def check_distinct_inputs(paths: tuple[Path, ...]) -> None:
+    """The ranks of a job must be distinct profiles: the same file twice (by resolved path,
+    or two copies with the same content) would count one rank twice."""
+    from nsysan.batch.state import content_sha256
+
+    by_path: dict[Path, Path] = {}
+    for p in paths:
+        try:
+            resolved = p.expanduser().resolve()
+        except (OSError, RuntimeError):  # a symlink loop: opening it says so
+            resolved = p.expanduser().absolute()
+        if resolved in by_path:
+            raise ConfigError(f"--job: {by_path[resolved]} and {p} are the same file; name each "
+                              "rank's profile once")
+        by_path[resolved] = p
+    by_size: dict[int, list[Path]] = {}
+    for resolved, p in by_path.items():
+        if resolved.is_file():
+            by_size.setdefault(resolved.stat().st_size, []).append(p)
+    for same_size in by_size.values():  # only files of equal size can be copies: hash those
+        if len(same_size) < 2:
+            continue
+        digests: dict[str, Path] = {}
+        for p in same_size:
+            try:
+                digest = content_sha256(p)
+            except OSError:  # unreadable: opening it reports that, with the path
+                continue
+            if digest in digests:
+                raise ConfigError(f"--job: {digests[digest]} and {p} have the same content (a "
+                                  "copy of one profile); name each rank's profile once")
+            digests[digest] = p
 
 
 class _Progress:

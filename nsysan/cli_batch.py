@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from nsysan.cli_analyze import parse_passes, parse_settings
+from nsysan.cli_types import FINITE
 from nsysan.errors import NsysanError
 
 
@@ -55,8 +56,8 @@ def _fmt_duration(seconds: float) -> str:
               help="Passes to run (default: the default passes of `nsysan analyze`).")
 @click.option("--set", "set_", multiple=True, metavar="PASS.PARAM=VALUE",
               help="Override a pass parameter (repeatable).")
-@click.option("--samples-per-step", type=float, default=None)
-@click.option("--tokens-per-step", type=float, default=None)
+@click.option("--samples-per-step", type=FINITE, default=None)
+@click.option("--tokens-per-step", type=FINITE, default=None)
 @click.option("--nsys", default=None, metavar="PATH", help="nsys binary for .nsys-rep/.qdrep.")
 @click.option("--progress", type=click.Choice(["auto", "bar", "plain", "none"]), default="auto",
               show_default=True, help="auto: a bar on a terminal, plain lines otherwise.")
@@ -158,12 +159,12 @@ _CATALOG_OPT = click.option(
 @click.option("--all-runs", is_flag=True, help="With --findings: every run, not only the latest.")
 @click.option("--regressed", "metric", default=None, metavar="METRIC",
               help="Traces whose latest run got worse on METRIC (e.g. exposed_nccl_ns).")
-@click.option("--by-ratio", type=float, default=1.05, show_default=True,
+@click.option("--by-ratio", type=FINITE, default=1.05, show_default=True,
               help="With --regressed: worse by more than this factor.")
 @click.option("--against", type=click.Choice(["previous", "group"]), default="previous",
               show_default=True,
               help="With --regressed: the trace's previous run, or the median of its group.")
-@click.option("--min-delta", type=float, default=0.0, show_default=True,
+@click.option("--min-delta", type=FINITE, default=0.0, show_default=True,
               help="With --regressed: ignore absolute changes at or below this.")
 @click.option("--sql", default=None, metavar="SELECT...", help="One read-only SQL statement.")
 @click.option("--json", "as_json", is_flag=True, help="JSON (a list of objects), not a table.")

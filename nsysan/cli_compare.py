@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from nsysan.cli_types import FINITE
+
 EXIT_VIOLATED = 3
 EXIT_NOT_COMPARABLE = 4
 
@@ -34,9 +36,9 @@ def _store_options(fn: Any) -> Any:
 def _analysis_options(fn: Any) -> Any:
     fn = click.option("--nsys", type=click.Path(path_type=Path), default=None,
                       help="The nsys binary used to export .nsys-rep/.qdrep inputs.")(fn)
-    fn = click.option("--tokens-per-step", type=float, default=None,
+    fn = click.option("--tokens-per-step", type=FINITE, default=None,
                       help="Tokens per step of traces analysed here (tokens/s metric).")(fn)
-    fn = click.option("--samples-per-step", type=float, default=None,
+    fn = click.option("--samples-per-step", type=FINITE, default=None,
                       help="Samples per step of traces analysed here (samples/s metric).")(fn)
     return fn
 
@@ -57,21 +59,25 @@ def _options(samples: float | None, tokens: float | None, nsys: Path | None) -> 
 @click.argument("new")
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Write diff.md, diff.json, diff.parquet (+ picture) here.")
-@click.option("--min-effect", type=float, default=0.03, show_default=True,
+@click.option("--min-effect", type=FINITE, default=0.03, show_default=True,
               help="Smallest relative change reported as improved/regressed.")
-@click.option("--confidence", type=float, default=0.95, show_default=True,
+@click.option("--confidence", type=FINITE, default=0.95, show_default=True,
               help="Confidence of the bootstrap interval of each change.")
-@click.option("--min-similarity", type=float, default=0.5, show_default=True,
+@click.option("--min-similarity", type=FINITE, default=0.5, show_default=True,
               help="Kernel-mix similarity below which the runs are different workloads.")
 @click.option("--fail-on-regression", is_flag=True, default=False,
               help=f"Exit {EXIT_VIOLATED} when a metric regressed, {EXIT_NOT_COMPARABLE} when "
               "the runs are not comparable.")
 @click.option("--json", "as_json", is_flag=True, help="Print diff.json instead of a summary.")
+@click.option("--devices", "devices", default=None, metavar="ID,...",
+              help="Compare only these GPUs (device ids present in both runs); runs on "
+              "different GPUs are otherwise not comparable.")
 @_analysis_options
 @_store_options
 def diff_cmd(base: str, new: str, out: Path | None, min_effect: float, confidence: float,
              min_similarity: float, fail_on_regression: bool, as_json: bool,
-             samples_per_step: float | None, tokens_per_step: float | None, nsys: Path | None,
+             devices: str | None, samples_per_step: float | None,
+             tokens_per_step: float | None, nsys: Path | None,
              catalog: str | None, store: Path | None) -> None:
     """Compare BASE and NEW, each a trace, an `analyze` output directory or a baseline name.
 
@@ -85,13 +91,14 @@ def diff_cmd(base: str, new: str, out: Path | None, min_effect: float, confidenc
 
     params = DiffParams(StatsParams(min_effect=min_effect, confidence=confidence),
                         min_kernel_mix_similarity=min_similarity)
+    selected = parse_devices(devices) if devices is not None else None
     inputs = _input_paths(base, new)
     if out is not None:  # refused now rather than after both analyses
         check_files(out, DIFF_FILES, kind="diff", names=DIFF_FILES, inputs=inputs)
     st = bl.open_store(catalog, store)
     opts = _options(samples_per_step, tokens_per_step, nsys)
-    res = diff(bl.resolve(base, store=st, options=opts, role="BASE"),
-               bl.resolve(new, store=st, options=opts, role="NEW"), params)
+    res = diff(bl.resolve(base, store=st, options=opts, role="BASE", devices=selected),
+               bl.resolve(new, store=st, options=opts, role="NEW", devices=selected), params)
     if out is not None:
         write_diff(res, out, inputs=inputs)
     if as_json:
@@ -106,6 +113,19 @@ def diff_cmd(base: str, new: str, out: Path | None, min_effect: float, confidenc
             sys.exit(EXIT_NOT_COMPARABLE)
         if res.counts()["regressed"]:
             sys.exit(EXIT_VIOLATED)
+
+
+def parse_devices(text: str) -> tuple[int, ...]:
+    """``--devices 0,1`` -> (0, 1); anything but distinct non-negative integers is a usage
+    error."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise click.UsageError(f"--devices {text!r}: expected device ids, e.g. --devices 0 or "
+                               "--devices 0,1")
+    ids = tuple(int(p) for p in parts)
+    if len(set(ids)) != len(ids):
+        raise click.UsageError(f"--devices {text!r} names a device twice")
+    return ids
 
 
 @click.command("check")

@@ -442,16 +442,15 @@ def oracle_paths(shared: Path, folder: str, report: str) -> tuple[Path, Path]:
 
 
 def read_oracle(csv: Path) -> pl.DataFrame:
+    """The oracle's rows by content: its RangeId is the SQLite rowid, which nsysan's
+    content-derived range_id is not (see nsysan.load.adapters_nvtx)."""
     if csv.stat().st_size == 0:  # nsys printed no rows (no NVTX in the trace)
-        return pl.DataFrame(schema={c: pl.Int64 for c in ["RangeId", *ORACLE_KEY]})
-    return pl.read_csv(csv, infer_schema_length=None).select(
-        pl.col(["RangeId", *ORACLE_KEY]).cast(pl.Int64)
-    )
+        return pl.DataFrame(schema={c: pl.Int64 for c in ORACLE_KEY})
+    return pl.read_csv(csv, infer_schema_length=None).select(pl.col(ORACLE_KEY).cast(pl.Int64))
 
 
 def ours_as_oracle(att: pl.DataFrame) -> pl.DataFrame:
     return att.filter(pl.col("n_gpu_ops") > 0).select(
-        pl.col("range_id").alias("RangeId"),
         pl.col("pid").alias("PID"),
         pl.col("tid").alias("TID"),
         pl.col("cpu_start_ns").alias("Orig Start (ns)"),
@@ -463,11 +462,13 @@ def ours_as_oracle(att: pl.DataFrame) -> pl.DataFrame:
 
 
 def assert_matches_oracle(att: pl.DataFrame, oracle: pl.DataFrame, where: str) -> None:
-    ours = ours_as_oracle(att).sort("RangeId")
-    theirs = oracle.sort("RangeId")
+    """The same rows as nvtxgpuproj, as a multiset (every column compared)."""
+    ours = ours_as_oracle(att).sort(ORACLE_KEY)
+    theirs = oracle.sort(ORACLE_KEY)
     assert ours.height == theirs.height, f"{where}: {ours.height} ranges vs nsys {theirs.height}"
-    diff = ours.join(theirs, on=list(ours.columns), how="anti")
+    diff = ours.join(theirs, on=ORACLE_KEY, how="anti", nulls_equal=True)
     assert diff.is_empty(), f"{where}: rows differing from nvtxgpuproj:\n{diff.head()}"
+    assert ours.equals(theirs), f"{where}: row multiplicities differ from nvtxgpuproj"
 
 
 @pytest.mark.shared

@@ -25,7 +25,7 @@ def tree(tmp_path: Path) -> Path:
     root = tmp_path / "archive"
     for rel in [
         "a/run1.nsys-rep",
-        "a/run1.nsys-rep.nsys2022.4.2.sqlite",  # its export: a separate trace
+        "a/run1.nsys-rep.nsys2022.4.2.sqlite",  # its exports: aliases of one capture
         "a/run1.sqlite",
         "a/notes.txt",
         "b/old.qdrep",
@@ -48,16 +48,15 @@ def ids(traces) -> list[str]:
 def test_directory_is_searched_recursively_in_sorted_order(tree):
     got = discover([tree])
     assert ids(got) == [
-        "a__run1.nsys-rep",
-        "a__run1.nsys-rep.nsys2022.4.2.sqlite",
-        "a__run1.sqlite",
+        "a__run1.nsys-rep",  # with its two exports (not whole SQLite files: the report wins)
         "b__deep__er__x.sqlite",
         "b__old.qdrep",
         "c__pq",
     ]
-    assert [t.format for t in got] == ["nsys-rep", "sqlite", "sqlite", "sqlite", "qdrep",
-                                       "parquetdir"]
-    assert got[3].group == "b__deep__er" and got[0].group == "a"
+    assert [t.format for t in got] == ["nsys-rep", "sqlite", "qdrep", "parquetdir"]
+    assert [p.name for p in got[0].aliases] == ["run1.nsys-rep.nsys2022.4.2.sqlite",
+                                                "run1.sqlite"]
+    assert got[1].group == "b__deep__er" and got[0].group == "a"
 
 
 @pytest.mark.parametrize(
@@ -65,7 +64,8 @@ def test_directory_is_searched_recursively_in_sorted_order(tree):
     [
         (["a/run1.sqlite"], ["run1.sqlite"]),  # a single file: its name
         (["a/notes.txt"], ["notes.txt"]),  # named explicitly: a trace whatever the suffix
-        (["a/*.sqlite"], ["run1.nsys-rep.nsys2022.4.2.sqlite", "run1.sqlite"]),
+        # two exports of one capture (its report not among the inputs): one trace
+        (["a/*.sqlite"], ["run1.nsys-rep"]),
         (["**/x.sqlite", "b"], ["deep__er__x.sqlite", "old.qdrep"]),  # dedup across inputs
         (["c/pq"], ["pq"]),
         (["a/run1.sqlite", "b/deep/er/x.sqlite"], ["a__run1.sqlite", "b__deep__er__x.sqlite"]),

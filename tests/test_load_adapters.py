@@ -346,14 +346,14 @@ def test_nvtx_styles_names_domains_and_payloads(tmp_path: Path) -> None:
     nv = tr.nvtx
     assert nv.schema == schemas.NVTX
     got = nv.select("range_id", "style", "name", "domain", "start_ns", "end_ns", "pid").rows()
-    assert got == [
-        (3, "push_pop", "push", "", 10, 20, PID),
-        (4, "start_end", "registered", "NCCL", 12, 18, PID),
-        (5, "mark", "mark", "", 15, 15, PID),
-        (6, "push_pop", "loader", "DALI", 30, 40, PID + 1),
-        (7, "push_pop", "nvtxt", "", 31, 32, PID),
-        (8, "start_end", "nvtxt se", "", 33, 34, PID),
-        (9, "push_pop", "orphan", None, 35, 36, PID),
+    assert got == [  # range_id: the position in content order (time first), not the rowid
+        (1, "push_pop", "push", "", 10, 20, PID),
+        (2, "start_end", "registered", "NCCL", 12, 18, PID),
+        (3, "mark", "mark", "", 15, 15, PID),
+        (4, "push_pop", "loader", "DALI", 30, 40, PID + 1),
+        (5, "push_pop", "nvtxt", "", 31, 32, PID),
+        (6, "start_end", "nvtxt se", "", 33, 34, PID),
+        (7, "push_pop", "orphan", None, 35, 36, PID),
     ]
     assert nv["payload_json"].to_list() == [None] * 5 + ['{"bytes": 8}', '{"x": 1}']
     assert any(
@@ -412,11 +412,17 @@ def test_nvtx_nesting(tmp_path: Path, case: str) -> None:
             )
         )
     nv = _trace(tmp_path, {"NVTX_EVENTS": rows}).nvtx.sort("range_id")
-    got = [
-        (d, None if p is None else p - 1)  # range_id is rowid: row index + 1
-        for d, p in nv.select("depth", "parent_range_id").rows()
-    ]
-    assert got == expected
+    # range_id is content-derived: map each id back to the first unused row of that content
+    # (identical rows are interchangeable, the lower id takes the earlier row)
+    content = [(r["start"], r["end"], r["globalTid"], r["endGlobalTid"]) for r in rows]
+    row_of: dict[int, int] = {}
+    for rid, start, end, tid, end_tid in nv.select(
+            "range_id", "start_ns", "end_ns", "global_tid", "end_global_tid").rows():
+        row_of[rid] = next(i for i, c in enumerate(content)
+                           if c == (start, end, tid, end_tid) and i not in row_of.values())
+    got = {row_of[rid]: (d, None if p is None else row_of[p])
+           for rid, d, p in nv.select("range_id", "depth", "parent_range_id").rows()}
+    assert [got[i] for i in range(len(rows))] == expected
 
 
 def _brute_force_parents(rows: list[tuple[int, int, int]]) -> dict[int, int | None]:
@@ -567,10 +573,10 @@ def test_sync_osrt_overhead_streams_threads_processes_gpus(tmp_path: Path) -> No
         6: "worker",
     }
     tr = _trace(tmp_path, tables, strings)
-    assert tr.sync.select("sync_type", "stream_id").rows() == [
+    assert tr.sync.select("sync_type", "stream_id").rows() == [  # ties in content order
         ("event_sync", 7),
-        ("stream_wait_event", 7),
         ("stream_sync", 7),
+        ("stream_wait_event", 7),
         ("context_sync", None),
         ("unknown", 7),
     ]

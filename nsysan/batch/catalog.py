@@ -286,6 +286,7 @@ def _write_record(conn: Connection, rec: RunRecord) -> None:
         "first_seen_utc": now,
         "last_seen_utc": now,
         "last_run_id": rec.run_id,
+        "aliases_json": json.dumps(rec.aliases) if rec.aliases else None,
     }
     if rec.status == "ok":
         meta = rec.trace_meta

@@ -171,10 +171,28 @@ def _m2_provenance(conn: Connection) -> None:
         )
 
 
+# v3: the other forms of a trace's capture (a report and its exports beside it)
+_V3_COLUMNS: tuple[tuple[str, str, sa.types.TypeEngine], ...] = (
+    ("traces", "aliases_json", sa.Text()),
+)
+
+
+def _m3_aliases(conn: Connection) -> None:
+    preparer = conn.dialect.identifier_preparer
+    for table, column, type_ in _V3_COLUMNS:
+        ddl = type_.compile(dialect=conn.dialect)
+        conn.execute(
+            sa.text(
+                f"ALTER TABLE {preparer.quote(table)} ADD COLUMN {preparer.quote(column)} {ddl}"
+            )
+        )
+
+
 Migration = tuple[int, str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     (1, "traces, runs, findings, metrics", _m1_initial),
     (2, "trace groups, worker/memory/timings of runs, more metrics, baselines", _m2_provenance),
+    (3, "aliases of a trace: the other forms of its capture", _m3_aliases),
 ]
 LATEST_VERSION = MIGRATIONS[-1][0]
 
@@ -187,7 +205,7 @@ def current_metadata() -> tuple[sa.MetaData, SimpleNamespace]:
     findings = _findings_v1(md)
     metrics = _metrics_v1(md)
     by_name = {"traces": traces, "runs": runs, "metrics": metrics, "findings": findings}
-    for table, column, type_ in _V2_COLUMNS:
+    for table, column, type_ in (*_V2_COLUMNS, *_V3_COLUMNS):
         by_name[table].append_column(sa.Column(column, type_))
     baselines = _baselines_v2(md)
     schema_version = sa.Table(

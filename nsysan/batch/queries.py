@@ -6,6 +6,7 @@ renders as a table or JSON.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ from sqlalchemy.engine import Connection
 from nsysan.batch.catalog import FINDINGS, METRICS, RUNS, TRACES, Catalog
 from nsysan.batch.summary import WORSE_WHEN
 from nsysan.errors import ConfigError
+from nsysan.escape import LIKE_ESCAPE, like_glob
 
 AGAINST = ("previous", "group")
 _READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values)\b", re.IGNORECASE)
@@ -88,11 +90,14 @@ def latest_runs(catalog: Catalog) -> QueryResult:
 
 
 def findings_of(catalog: Catalog, code: str, *, all_runs: bool = False) -> QueryResult:
-    """Findings whose code is ``code`` (``*``/``%`` wildcards allowed, case-insensitive), from
-    each trace's latest successful run, or from every run with ``all_runs``."""
+    """Findings whose code is ``code`` (case-insensitive; ``*`` matches any run of characters,
+    every other character only itself: ``%`` and ``_`` are not wildcards), from each trace's
+    latest successful run, or from every run with ``all_runs``."""
     pattern = code.strip().upper()
-    if "*" in pattern or "%" in pattern:
-        cond = sa.func.upper(FINDINGS.c.code).like(pattern.replace("*", "%"))
+    if not pattern:
+        raise ConfigError("--findings needs a finding code or a pattern such as GPU_*")
+    if "*" in pattern:
+        cond = sa.func.upper(FINDINGS.c.code).like(like_glob(pattern), escape=LIKE_ESCAPE)
     else:
         cond = sa.func.upper(FINDINGS.c.code) == pattern
     q = (
@@ -138,8 +143,11 @@ def regressed(
         raise ConfigError(
             f"cannot rank regressions on {metric!r}; metrics: {', '.join(sorted(WORSE_WHEN))}"
         )
-    if by_ratio < 1.0:
-        raise ConfigError(f"--by-ratio must be >= 1 (1.05 = 5% worse), got {by_ratio}")
+    if not (math.isfinite(by_ratio) and by_ratio >= 1.0):
+        raise ConfigError(f"--by-ratio must be a finite number >= 1 (1.05 = 5% worse), got "
+                          f"{by_ratio}")
+    if not math.isfinite(min_delta):
+        raise ConfigError(f"--min-delta must be a finite number, got {min_delta}")
     if against not in AGAINST:
         raise ConfigError(f"--against must be one of {', '.join(AGAINST)}, got {against!r}")
     direction = WORSE_WHEN[metric]

@@ -134,6 +134,9 @@ def run_batch(
         raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     runner = make_executor(executor, jobs, scheduler)
     pass_list = tuple(passes) if passes is not None else None
+    from nsysan.api import check_per_step
+
+    check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     options = {"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step}
     params = state.analysis_params(pass_list, settings, options)
     out_dir = Path(out).expanduser().resolve()
@@ -185,6 +188,7 @@ def run_batch(
                     passes=pass_list,
                     settings=tuple(sorted((settings or {}).items())),
                     nsys=nsys,
+                    aliases=tuple(str(p) for p in trace.aliases),
                 )
                 why = protect.conflict(task.out_dir)
                 if exc is None and why is not None:
@@ -227,7 +231,14 @@ def _catalog_errors(url: str) -> Iterator[None]:
 
 
 def _safe_hash(trace: TraceInput) -> tuple[str, int, BaseException | None]:
-    """(sha256, bytes, None), or ("", 0, error) when the input cannot be read."""
+    """(sha256, bytes, None), or ("", 0, error) when the input cannot be read (a named pipe
+    or a device is refused before it is opened: reading it would block or never end)."""
+    from nsysan.load import check_openable
+
+    try:
+        check_openable(trace.path)
+    except errors.TraceFormatError as exc:
+        return "", 0, exc
     try:
         digest, size = _hash(trace)
         return digest, size, None

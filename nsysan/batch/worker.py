@@ -41,6 +41,8 @@ class RunTask:
     settings: tuple[tuple[str, str], ...] = ()
     nsys: str | None = None
     nsysan_version: str = nsysan.__version__  # the coordinator's: part of the skip key
+    #: the capture's other forms (report / exports beside the analysed one), as paths
+    aliases: tuple[str, ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -83,6 +85,7 @@ class RunRecord:
     extra_metrics: dict[str, Any] = field(default_factory=dict)  # the passes' own scalars
     findings: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)  # RunTask.aliases
 
     @property
     def ok(self) -> bool:
@@ -122,6 +125,7 @@ def base_record(task: RunTask, status: str, **fields: Any) -> RunRecord:
         skip_key=task.skip_key,
         input_bytes=task.input_bytes,
         params_json=state.canonical_json(task.params),
+        aliases=list(task.aliases),
         **fields,
     )
 

@@ -227,30 +227,33 @@ def open_store(catalog: str | None = None, store: str | Path | None = None
     return CatalogStore(catalog, local) if catalog else local
 
 
-def load(rec: Baseline) -> M.MetricSet:
+def load(rec: Baseline, devices: tuple[int, ...] | None = None) -> M.MetricSet:
     d = Path(rec.output_dir)
     if not d.is_dir():
         raise ConfigError(f"baseline {rec.name!r}: its analysis {d} is gone; save it again")
-    ms = M.from_dir(d)
+    ms = M.from_dir(d, devices)
     ms.source = f"baseline {rec.name} ({rec.source})"
     return ms
 
 
 def resolve(arg: str, *, store: LocalStore | CatalogStore | None = None,
-            options: dict[str, Any] | None = None, role: str = "input") -> M.MetricSet:
-    """A trace, an ``analyze`` output directory, or a baseline name -> its metric set."""
+            options: dict[str, Any] | None = None, role: str = "input",
+            devices: tuple[int, ...] | None = None) -> M.MetricSet:
+    """A trace, an ``analyze`` output directory, or a baseline name -> its metric set
+    (``devices``: only those devices, see `nsysan.compare.metrics.extract`)."""
     path = Path(arg)
     if path.exists():
         found = find_output_dir(path)
         if found is not None:
-            return M.from_dir(found)
+            return M.from_dir(found, devices)
         from nsysan.compare.inputs import RunData
 
-        return M.extract(RunData.from_result(_analyze(path, options or {}), source=str(path)))
+        return M.extract(RunData.from_result(_analyze(path, options or {}), source=str(path)),
+                         devices)
     store = store if store is not None else open_store()
     rec = store.get(arg) if NAME_RE.match(arg) else None
     if rec is None:
         known = ", ".join(b.name for b in store.list()[:10]) or "none"
         raise ConfigError(f"{role} {arg!r} is not a trace, an analyze output directory or a "
                           f"baseline (baselines: {known})")
-    return load(rec)
+    return load(rec, devices)

@@ -202,7 +202,7 @@ def outside_per_step(states: pl.DataFrame | None, layers: pl.DataFrame | None,
 def delta_decomposition(base: MetricSet, new: MetricSet) -> pl.DataFrame:
     """Per item of both partitions: mean ns per step in each run and the change, with its
     share of the change of mean step time. Items present in one run only count as 0 in the
-    other. Sorted by partition, then by the size of the change."""
+    other. Sorted by partition, then by the size of the change (then by kind and item)."""
     step_b, step_n = base.value("step_time_ns"), new.value("step_time_ns")
     total = (step_n - step_b) if step_b is not None and step_n is not None else None
     rows = []
@@ -218,4 +218,5 @@ def delta_decomposition(base: MetricSet, new: MetricSet) -> pl.DataFrame:
                              "new_ns_per_step": vn, "delta_ns_per_step": vn - vb,
                              "share_of_delta": (vn - vb) / total if total else None})
     df = pl.DataFrame(rows, schema=DECOMPOSITION)
-    return df.sort(["by", pl.col("delta_ns_per_step").abs()], descending=[True, True])
+    return df.sort(["by", pl.col("delta_ns_per_step").abs(), "kind", "item"],
+                   descending=[True, True, False, False])

@@ -19,6 +19,7 @@ from nsysan.compare import decompose as dec
 from nsysan.compare.metrics import CATALOGUE, KINDS, Metric, MetricSet, MetricSpec, RunInfo
 from nsysan.compare.stats import VERDICTS, Comparison, Resampler, StatsParams, compare_samples
 from nsysan.errors import ConfigError
+from nsysan.escape import md_code
 
 DIFF = pl.Schema({
     "metric": pl.String,  # kind["selector"].name
@@ -121,7 +122,8 @@ def comparability(base: MetricSet, new: MetricSet, params: DiffParams = DiffPara
         top = [max(m, key=m.get) for m in (a.kernel_mix, b.kernel_mix)]
         out.blockers.append(
             f"different workloads: kernel-mix similarity {sim:.2f} < "
-            f"{params.min_kernel_mix_similarity:.2f} (top kernel {top[0]} vs {top[1]})")
+            f"{params.min_kernel_mix_similarity:.2f} (top kernel {md_code(top[0], 80)} vs "
+            f"{md_code(top[1], 80)})")
     missing_a, missing_b = set(a.not_captured), set(b.not_captured)
     for frame in sorted(missing_a ^ missing_b):
         side = "NEW" if frame in missing_a else "BASE"
@@ -151,12 +153,52 @@ def comparability(base: MetricSet, new: MetricSet, params: DiffParams = DiffPara
         if not info.n_steps:
             out.scopes.setdefault("steps", f"missing steps in {side}: {info.steps_note}")
     if a.n_steps and b.n_steps and a.steps_source != b.steps_source:
-        out.scopes.setdefault("steps", f"step boundaries differ: {a.steps_source} vs "
-                                       f"{b.steps_source}")
+        # step sources name NVTX patterns from the trace: code spans (reasons are Markdown)
+        out.scopes.setdefault("steps", f"step boundaries differ: {md_code(a.steps_source)} vs "
+                                       f"{md_code(b.steps_source)}")
+    _device_sets(a, b, out)
     if a.n_devices > 1 or b.n_devices > 1:
         out.notes.append("several devices: per-step metrics use the primary device; layer "
                          "times sum over devices")
     return out
+
+
+def _ids(devices: tuple[int, ...]) -> str:
+    return ", ".join(map(str, devices)) or "none"
+
+
+def _device_sets(a: RunInfo, b: RunInfo, out: Comparability) -> None:
+    """Runs on different sets of GPUs are not comparable (a GPU less halves the kernel time
+    and moves every per-device share), unless the user selected the devices to compare
+    (``--devices``): then those must be in both runs, and the metrics that sum over every
+    device (kernels, layers) stay not comparable while the full sets differ."""
+    if not a.all_devices or not b.all_devices:
+        return  # unknown on one side (no overlap table): nothing to check
+    selected = a.selected_devices if a.selected_devices is not None else b.selected_devices
+    if selected is None:
+        if a.all_devices != b.all_devices:
+            out.blockers.append(
+                f"different devices: BASE has GPU {_ids(a.all_devices)}, NEW has GPU "
+                f"{_ids(b.all_devices)}; compare the GPUs both have with --devices "
+                f"{','.join(map(str, sorted(set(a.all_devices) & set(b.all_devices))))}"
+                if set(a.all_devices) & set(b.all_devices) else
+                f"different devices: BASE has GPU {_ids(a.all_devices)}, NEW has GPU "
+                f"{_ids(b.all_devices)}, none in common")
+        return
+    for side, info in (("BASE", a), ("NEW", b)):
+        absent = sorted(set(selected) - set(info.all_devices))
+        if absent:
+            out.blockers.append(f"--devices {_ids(tuple(absent))}: not in {side} (its GPUs: "
+                                f"{_ids(info.all_devices)})")
+    if a.all_devices != b.all_devices:
+        reason = (f"kernel and layer times sum over every GPU and the runs have different GPUs "
+                  f"(BASE {_ids(a.all_devices)}, NEW {_ids(b.all_devices)}): --devices "
+                  "selects only per-device metrics")
+        for scope in ("kernel", "layer", "graph"):
+            out.scopes.setdefault(scope, reason)
+    else:
+        out.notes.append(f"compared GPU {_ids(selected)} of {_ids(a.all_devices)}; kernel and "
+                         "layer times are totals over every GPU")
 
 
 @dataclass

@@ -19,7 +19,7 @@ output directory: the same code path for both.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ class RunInfo:
     steps_source: str | None
     steps_note: str | None
     primary_device: int | None
-    n_devices: int
+    n_devices: int  # of the compared devices
     capture_types: tuple[str, ...] | None  # nsys CAPTURE_EVENT_TYPE values, when exported
     graph_mode: str | None  # graph | node | None (unknown)
     not_captured: tuple[str, ...]
@@ -154,6 +154,12 @@ class RunInfo:
     findings: list[dict[str, Any]]
     exporter_version: str | None
     options: dict[str, Any]
+    #: the devices compared (all of the run's, or those selected with ``devices``)
+    devices: tuple[int, ...] = ()
+    #: every device of the run with GPU work (overlap_summary), selected or not
+    all_devices: tuple[int, ...] = ()
+    #: the ``devices`` selection the metrics were computed for (None: every device)
+    selected_devices: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         top = sorted(self.kernel_mix.items(), key=lambda kv: -kv[1])[:10]
@@ -164,7 +170,10 @@ class RunInfo:
                 "graph_mode": self.graph_mode, "not_captured": list(self.not_captured),
                 "kernel_mix_top": [{"kernel": k, "share": v} for k, v in top],
                 "findings": self.findings, "exporter_version": self.exporter_version,
-                "options": self.options}
+                "options": self.options, "devices": list(self.devices),
+                "all_devices": list(self.all_devices),
+                "selected_devices": None if self.selected_devices is None
+                else list(self.selected_devices)}
 
 
 @dataclass
@@ -223,6 +232,24 @@ def _per_item(out: MetricSet, kind: str, name: str, grid: pl.DataFrame | None,
         out.add(_sampled(kind, str(item), name, row.copy()))
 
 
+def _device_ids(ov: pl.DataFrame | None) -> tuple[int, ...]:
+    if ov is None or ov.is_empty():
+        return ()
+    return tuple(sorted(int(d) for d in ov["device_id"].drop_nulls().unique().to_list()))
+
+
+#: pass tables with a device_id column: what ``devices`` restricts
+DEVICE_TABLES = ("overlap", "overlap_summary", "gaps", "nccl")
+
+
+def select_devices(run: RunData, devices: tuple[int, ...]) -> RunData:
+    """``run`` with its per-device tables cut to ``devices`` (see `extract`)."""
+    keep = pl.col("device_id").is_in(list(devices))
+    tables = {name: df.filter(keep) if name in DEVICE_TABLES and "device_id" in df.columns
+              else df for name, df in run.tables.items()}
+    return replace(run, tables=tables)
+
+
 def _info(run: RunData, steady: pl.DataFrame | None) -> RunInfo:
     steps = run.table("steps")
     ov = run.table("overlap_summary")
@@ -256,6 +283,8 @@ def _info(run: RunData, steady: pl.DataFrame | None) -> RunInfo:
         findings=list(run.findings),
         exporter_version=run.exporter_version,
         options={k: v for k, v in run.options.items() if v is not None},
+        devices=_device_ids(ov),
+        all_devices=_device_ids(ov),
     )
 
 
@@ -372,10 +401,21 @@ def _busy_whole_trace(run: RunData, device: int | None) -> Metric:
                   note="whole GPU span of the primary device (no steps)")
 
 
-def extract(run: RunData) -> MetricSet:
-    """The metric set of one run (see the module docstring and `CATALOGUE`)."""
+def extract(run: RunData, devices: tuple[int, ...] | None = None) -> MetricSet:
+    """The metric set of one run (see the module docstring and `CATALOGUE`).
+
+    ``devices``: compare only these devices: the per-device tables (`DEVICE_TABLES`: engine
+    states, GPU busy, idle causes, NCCL) are cut to them and the primary device is the
+    busiest of them. Kernel and layer tables have no device: they stay totals over every
+    device, and `nsysan.compare.diff.comparability` says when that makes them not
+    comparable."""
+    all_devices = _device_ids(run.table("overlap_summary"))
+    if devices is not None:
+        run = select_devices(run, tuple(sorted(set(devices))))
     steady = dec.steady_steps(run.table("steps"))
     info = _info(run, steady)
+    info.all_devices = all_devices
+    info.selected_devices = None if devices is None else tuple(sorted(set(devices)))
     out = MetricSet(run.trace_id, run.source, info)
     device = info.primary_device
     if steady is not None:
@@ -392,11 +432,12 @@ def extract(run: RunData) -> MetricSet:
     return out
 
 
-def from_result(result: Any) -> MetricSet:
-    """The metric set of an `nsysan.api.AnalysisResult`."""
-    return extract(RunData.from_result(result))
+def from_result(result: Any, devices: tuple[int, ...] | None = None) -> MetricSet:
+    """The metric set of an `nsysan.api.AnalysisResult` (``devices``: see `extract`)."""
+    return extract(RunData.from_result(result), devices)
 
 
-def from_dir(directory: str | Path) -> MetricSet:
-    """The metric set of an ``nsysan analyze`` output directory."""
-    return extract(RunData.from_dir(directory))
+def from_dir(directory: str | Path, devices: tuple[int, ...] | None = None) -> MetricSet:
+    """The metric set of an ``nsysan analyze`` output directory (``devices``: see
+    `extract`)."""
+    return extract(RunData.from_dir(directory), devices)

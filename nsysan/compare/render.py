@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from nsysan.compare.diff import DiffResult
+from nsysan.escape import md_cell, md_code, md_text
 from nsysan.findings.evidence import fmt_frac, fmt_ns
 from nsysan.report.jsonout import _clean, atomic_write
 from nsysan.report.targets import write_files
@@ -54,8 +55,9 @@ def _ci(r: dict[str, Any]) -> str:
 
 
 def _label(r: dict[str, Any]) -> str:
-    name = r["metric"].replace("|", "\\|")
-    return f"`{name}`" + ("" if r["stat"] in ("mean", "value") else f" ({r['stat']})")
+    # metric keys hold selectors from the trace (layer, kernel, NCCL op names)
+    return (md_code(r["metric"], in_table=True)
+            + ("" if r["stat"] in ("mean", "value") else f" ({md_text(r['stat'])})"))
 
 
 def summary_lines(res: DiffResult) -> list[str]:
@@ -96,7 +98,7 @@ def _decomposition_md(res: DiffResult, top: int) -> list[str]:
         out += [f"### {title}", "", "| item | base / step | new / step | change | share |",
                 "|---|---|---|---|---|"]
         for r in shown.iter_rows(named=True):
-            item = r["item"].replace("|", "\\|") + (" _(idle)_" if r["kind"] == "idle" else "")
+            item = md_text(r["item"]) + (" _(idle)_" if r["kind"] == "idle" else "")
             share = "" if r["share_of_delta"] is None else fmt_frac(r["share_of_delta"])
             out.append(f"| {item} | {fmt_value(r['base_ns_per_step'], 'ns')} | "
                        f"{fmt_value(r['new_ns_per_step'], 'ns')} | "
@@ -116,13 +118,14 @@ def _metrics_md(res: DiffResult, top: int) -> list[str]:
             continue
         if kind is not None:  # changes first, then by size of the change
             d = d.sort([pl.col("verdict").is_in(["improved", "regressed"]),
-                        pl.col("delta").abs().fill_null(-1)], descending=[True, True])
+                        pl.col("delta").abs().fill_null(-1)], descending=[True, True],
+                       maintain_order=True)  # stable: ties keep the metric order
         out += [f"### {title}", "", "| metric | base | new | change | CI of change | verdict |",
                 "|---|---|---|---|---|---|"]
         for r in d.head(top if kind is not None else d.height).iter_rows(named=True):
             verdict = _MARK[r["verdict"]]
             if r["verdict"] == "not comparable" and r["reason"]:
-                verdict += f": {r['reason']}"
+                verdict += f": {md_cell(r['reason'])}"  # its trace strings are code spans
             change = fmt_value(r["delta"], r["unit"], signed=True)
             if r["rel_delta"] is not None:
                 change += f" ({_rel(r)})"
@@ -136,7 +139,8 @@ def _metrics_md(res: DiffResult, top: int) -> list[str]:
 
 def _findings_md(res: DiffResult) -> list[str]:
     def codes(fs: list[dict[str, Any]]) -> dict[str, str]:
-        return {f["code"]: f"{f['code']} ({f['severity']})" for f in fs}
+        # read back from an output directory's findings.json: text, never markup
+        return {f["code"]: f"{md_code(f['code'])} ({md_text(f['severity'])})" for f in fs}
 
     a, b = codes(res.base.info.findings), codes(res.new.info.findings)
     new = [b[k] for k in sorted(set(b) - set(a))]
@@ -155,26 +159,32 @@ def markdown(res: DiffResult, top: int = 15) -> str:
     c = res.counts()
     a, b = res.base.info, res.new.info
     sim = res.check.kernel_mix_similarity
-    out = [f"# nsysan diff: {res.base.trace_id} → {res.new.trace_id}", "",
+    out = [f"# nsysan diff: {md_text(res.base.trace_id)} → {md_text(res.new.trace_id)}", "",
            f"**{res.verdict()}** — {c['regressed']} regressed, {c['improved']} improved, "
            f"{c['unchanged']} unchanged, {c['not comparable']} not comparable.", "",
            "| | BASE | NEW |", "|---|---|---|",
-           f"| source | `{res.base.source}` | `{res.new.source}` |",
+           f"| source | {md_code(res.base.source, in_table=True)} | "
+           f"{md_code(res.new.source, in_table=True)} |",
            f"| steady-state steps | {a.n_steps} of {a.n_steps_all} | {b.n_steps} of "
            f"{b.n_steps_all} |",
-           f"| step boundaries | {a.steps_source or 'none'} | {b.steps_source or 'none'} |",
-           f"| exporter | {a.exporter_version or 'unknown'} | {b.exporter_version or 'unknown'} |",
-           f"| CUDA graph trace | {a.graph_mode or 'unknown'} | {b.graph_mode or 'unknown'} |",
+           f"| step boundaries | {md_text(a.steps_source or 'none')} | "
+           f"{md_text(b.steps_source or 'none')} |",
+           f"| exporter | {md_text(a.exporter_version or 'unknown')} | "
+           f"{md_text(b.exporter_version or 'unknown')} |",
+           f"| CUDA graph trace | {md_text(a.graph_mode or 'unknown')} | "
+           f"{md_text(b.graph_mode or 'unknown')} |",
            "",
            "Kernel-mix similarity (workload signature): "
            + ("unknown" if sim is None else f"{sim:.2f}") + ".", ""]
     if res.check.blockers or res.check.scopes:
         out += ["## Not comparable", ""]
-        out += [f"- **everything**: {r}" for r in res.check.blockers]
-        out += [f"- {scope} metrics: {r}" for scope, r in sorted(res.check.scopes.items())]
+        # reasons are Markdown whose trace strings are code spans (`comparability`)
+        out += [f"- **everything**: {md_cell(r)}" for r in res.check.blockers]
+        out += [f"- {md_text(scope)} metrics: {md_cell(r)}"
+                for scope, r in sorted(res.check.scopes.items())]
         out.append("")
     if res.check.notes:
-        out += ["Notes:", "", *[f"- {n}" for n in res.check.notes], ""]
+        out += ["Notes:", "", *[f"- {md_cell(n)}" for n in res.check.notes], ""]
     out += _decomposition_md(res, top)
     out += _metrics_md(res, top)
     out += _findings_md(res)
@@ -227,13 +237,16 @@ def decomposition_png_bytes(res: DiffResult, top: int = 12) -> bytes | None:
         colors = ["#616161" if k == "total" else "#c62828" if v > 0 else "#2e7d32"
                   for k, v in zip(part["kind"].to_list(), ms, strict=True)]
         ax.barh(range(len(ms)), ms, color=colors)
-        ax.set_yticks(range(len(ms)), names, fontsize=7)
+        # names come from the trace: "$...$" must not be parsed as mathtext (a bad formula
+        # raised while drawing)
+        ax.set_yticks(range(len(ms)), names, fontsize=7, parse_math=False)
         ax.axvline(0, color="#424242", linewidth=0.8)
         ax.set_xlabel("change of time per step (ms); red = slower")
         ax.set_title(title, fontsize=9)
     total = "" if step is None or step["delta"] is None else \
         f": step time {fmt_value(step['delta'], 'ns', signed=True)} per step"
-    fig.suptitle(f"{res.base.trace_id} → {res.new.trace_id}{total}", fontsize=10)
+    fig.suptitle(f"{res.base.trace_id} → {res.new.trace_id}{total}", fontsize=10,
+                 parse_math=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -135,8 +135,8 @@ def _memory_items(ctx: Context) -> list[BaselineItem]:
     if gpus is not None and gpus.height:
         used = (ctx.trace.frame("gpu_ops")["device_id"].unique().implode()
                 if ctx.trace.has("gpu_ops") else gpus["device_id"].implode())
-        for r in gpus.filter(pl.col("device_id").is_in(used)).sort("device_id").iter_rows(
-                named=True):
+        for r in (gpus.filter(pl.col("device_id").is_in(used))
+                  .sort("device_id", maintain_order=True).iter_rows(named=True)):
             if r["total_memory_bytes"]:
                 items.append(BaselineItem("gpu_memory_bytes", f"GPU memory ({r['name']})",
                                           r["total_memory_bytes"], "bytes", "gpus",

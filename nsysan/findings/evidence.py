@@ -13,7 +13,7 @@ A finding's ``evidence`` dict always has three keys (documented in docs/findings
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
@@ -52,13 +52,36 @@ def evidence(metrics: Iterable[Mapping[str, Any]] = (),
             "offenders": [dict(o) for o in offenders]}
 
 
+#: dtypes a sort cannot order by (nested values); `ranked` leaves them out of its tie-break
+_UNSORTABLE = (pl.List, pl.Array, pl.Struct, pl.Object)
+
+
+def ranked(df: pl.DataFrame, by: str | Sequence[str], n: int | None = None, *,
+           descending: bool | Sequence[bool] = True) -> pl.DataFrame:
+    """The rows of ``df`` ranked by ``by`` (largest first unless ``descending`` says
+    otherwise), the first ``n`` of them. Rows that tie on ``by`` are ranked by every other
+    column, ascending (nulls last), so the ranking depends on the rows' content only: a
+    group-by gives its groups in no particular order, and offenders with equal totals must
+    come out the same way in every run and from every export (docs/findings.md)."""
+    keys = [by] if isinstance(by, str) else list(by)
+    desc = [descending] * len(keys) if isinstance(descending, bool) else list(descending)
+    rest = [c for c, t in df.schema.items() if c not in keys and not isinstance(t, _UNSORTABLE)]
+    order, order_desc = [*keys, *rest], [*desc, *[False] * len(rest)]
+    if n is not None and df.height > n:
+        # top_k selects as the sort below orders (nulls last either way) in one pass: a
+        # full sort by every column of a big frame costs seconds
+        df = df.top_k(n, by=order, reverse=[not d for d in order_desc])
+    return df.sort(order, descending=order_desc, nulls_last=True)
+
+
 def windows_from(df: pl.DataFrame, label_col: str | None, n: int,
                  label_prefix: str = "") -> list[dict[str, Any]]:
-    """The ``n`` longest rows of ``df`` (``start_ns``, ``end_ns``, optional ``device_id``)."""
+    """The ``n`` longest rows of ``df`` (``start_ns``, ``end_ns``, optional ``device_id``),
+    the earlier first on a tie (then by `ranked`'s tie-break)."""
     if df.is_empty():
         return []
-    top = (df.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d"))
-           .sort(["_d", "start_ns"], descending=[True, False]).head(n))
+    top = ranked(df.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d")),
+                 ["_d", "start_ns"], n, descending=[True, False])
     has_dev = "device_id" in top.columns
     out = []
     for row in top.iter_rows(named=True):  # at most n rows: rendering, not event processing

@@ -7,6 +7,7 @@ so a missing pass shows up as "not evaluated: <reason>", never as a silent zero.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -121,8 +122,9 @@ def diagnose(
     rules produce (so nothing is reported twice).
     """
     for name, v in (("samples_per_step", samples_per_step), ("tokens_per_step", tokens_per_step)):
-        if v is not None and v <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive and finite, "
+                              f"got {v!r}")
     ctx = Context(trace, results, params or FindingParams())
     findings: list[Finding] = []
     not_found: list[str] = []

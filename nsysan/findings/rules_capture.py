@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.escape import md_code
 from nsysan.findings.context import Context, NotEvaluated
 from nsysan.findings.evidence import (
     evidence,
@@ -12,7 +13,7 @@ from nsysan.findings.evidence import (
     make_finding,
     metric,
     offender,
-    short,
+    ranked,
     window,
     windows_from,
 )
@@ -114,12 +115,12 @@ def nvtx_unterminated(ctx: Context) -> list[Finding]:
     bad = nvtx.filter(pl.col("unterminated").fill_null(False))
     if bad.is_empty():
         return []
-    by = (bad.group_by("name").agg(pl.len(), pl.col("start_ns").min())
-          .sort("len", descending=True).head(ctx.params.top_n))
+    by = ranked(bad.group_by("name").agg(pl.len(), pl.col("start_ns").min()), "len",
+                ctx.params.top_n)
     offenders = [offender("nvtx_range", nm or "(unnamed)", k, "count", count=k,
                           detail=f"first opened at {fmt_ns(t)}") for nm, k, t in by.iter_rows()]
     msg = (f"{bad.height} NVTX ranges end at the session end (never closed, or the capture "
-           f"stopped inside them); e.g. `{short(by['name'][0])}`.")
+           f"stopped inside them); e.g. {md_code(by['name'][0], 80)}.")
     metrics = [metric("n_unterminated", "unterminated ranges", bad.height, "count")]
     return [make_finding("NVTX_UNTERMINATED", "info", msg, evidence(metrics, [], offenders))]
 
@@ -173,7 +174,7 @@ def truncated(ctx: Context) -> list[Finding]:
                + (f", {tail.height} of them after the last launch with a GPU record: the capture "
                   "stopped with work in flight" if tail.height else "")
                + ".")
-    by = (lost.group_by("name").agg(pl.len()).sort("len", descending=True).head(p.top_n))
+    by = ranked(lost.group_by("name").agg(pl.len()), "len", p.top_n)
     offenders = [offender("api", nm, k, "count", count=k) for nm, k in by.iter_rows()]
     metrics = [
         metric("n_launches", "kernel launch calls", launches.height, "count"),

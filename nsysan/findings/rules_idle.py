@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.escape import md_code
 from nsysan.findings.context import Context, NotEvaluated
 from nsysan.findings.evidence import (
     evidence,
@@ -14,7 +15,7 @@ from nsysan.findings.evidence import (
     make_finding,
     metric,
     offender,
-    short,
+    ranked,
     windows_from,
 )
 from nsysan.passes.base import Finding
@@ -82,18 +83,18 @@ def starvation(ctx: Context) -> list[Finding]:
         recurs = steps_hit_frac >= p.starvation_min_step_frac or every is not None
     else:
         # regular spacing on the device with most such gaps
-        dev = host.group_by("device_id").len().sort("len", descending=True)["device_id"][0]
+        dev = ranked(host.group_by("device_id").len(), "len", 1)["device_id"][0]
         starts = host.filter(pl.col("device_id") == dev)["start_ns"].sort()
         period = _regular(starts.diff().drop_nulls(), starts.len(), p)
         recurs = period is not None
     sev = grade(share, p.starvation_warn_frac, p.starvation_crit_frac)
     if not recurs or sev is None:
         return []
-    by_cause = (host.group_by("cause").agg(pl.col("duration_ns").sum(), pl.len())
-                .sort("duration_ns", descending=True))
-    by_detail = (host.group_by(pl.col("cause_detail").fill_null("")).agg(
-        pl.col("duration_ns").sum(), pl.len()).sort("duration_ns", descending=True)
-        .filter(pl.col("cause_detail") != "").head(p.top_n))
+    by_cause = ranked(host.group_by("cause").agg(pl.col("duration_ns").sum(), pl.len()),
+                      "duration_ns")
+    by_detail = ranked(host.group_by(pl.col("cause_detail").fill_null("")).agg(
+        pl.col("duration_ns").sum(), pl.len()).filter(pl.col("cause_detail") != ""),
+        "duration_ns", p.top_n)
     main_cause = by_cause["cause"][0]
     metrics = [
         metric("starved_ns", "device idle in host-side gaps", total, "ns"),
@@ -121,7 +122,8 @@ def starvation(ctx: Context) -> list[Finding]:
     msg = (f"The GPU sat idle {fmt_ns(total)} ({fmt_frac(share)} of steady-state device time) "
            f"in {n} gaps of {fmt_ns(total / n)} on average, {where}, while the host was busy "
            f"elsewhere (main cause: {main_cause}"
-           + (f", {short(by_detail['cause_detail'][0], 160)}" if by_detail.height else "") + ").")
+           + (f", {md_code(by_detail['cause_detail'][0], 160)}" if by_detail.height else "")
+           + ").")
     ev = evidence(metrics, windows_from(host, "cause_detail", p.top_n), offenders)
     return [make_finding("GPU_STARVATION_PERIODIC", sev, msg, ev)]
 
@@ -145,8 +147,8 @@ def h2d_not_overlapped(ctx: Context) -> list[Finding]:
     total_h2d, _ = ctx.state_share("h2d", None)
     copies = ctx.in_window(ctx.trace.frame("gpu_ops").filter(
         pl.col("op_class") == "memcpy_h2d"))
-    top = (copies.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d"))
-           .sort("_d", descending=True).head(p.top_n))
+    top = ranked(copies.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d")),
+                 ["_d", "start_ns"], p.top_n, descending=[True, False])
     offenders = [offender("copy", f"HtoD {fmt_bytes(r['bytes'])} from {r['src_kind'] or '?'} "
                           f"memory, stream {r['stream_id']}", int(r["_d"]), "ns",
                           detail=f"device {r['device_id']}")
@@ -195,7 +197,7 @@ def pageable_or_sync_copies(ctx: Context) -> list[Finding]:
     groups = (bad.group_by([pl.col("api_name").fill_null("(driver / unknown API)"),
                             "copy_kind", "src_kind", "dst_kind", "why"])
               .agg(pl.len(), pl.col("bytes").sum(), pl.col("blocked_ns").sum())
-              .sort("blocked_ns", descending=True).head(p.top_n))
+              .pipe(ranked, "blocked_ns", p.top_n))
     offenders = [offender("copy", f"{r['api_name']} {r['copy_kind']} "
                           f"{r['src_kind'] or '?'}→{r['dst_kind'] or '?'} ({r['why']})",
                           int(r["blocked_ns"]), "ns", count=r["len"],
@@ -219,7 +221,7 @@ def pageable_or_sync_copies(ctx: Context) -> list[Finding]:
            + f"; they cost the GPU {fmt_ns(cost)} ({fmt_frac(share)} of steady-state device "
            f"time: {fmt_ns(exposed)} of copying beside no compute, {fmt_ns(drained + long_ns)} "
            f"idle after them) and blocked the host {fmt_ns(blocked)}. "
-           f"Top: {offenders[0]['name']}.")
+           f"Top: {md_code(offenders[0]['name'])}.")
     ev = evidence(metrics, windows_from(bad, "why", p.top_n, "copy "), offenders)
     return [make_finding("PAGEABLE_OR_SYNC_COPIES", sev, msg, ev)]
 
@@ -250,9 +252,8 @@ def host_sync(ctx: Context) -> list[Finding]:
     sev = grade(share, p.sync_warn_frac, p.sync_crit_frac)
     if sev is None or not often:
         return []
-    by_name = (syncs.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns"))
-                                          .sum().alias("ns"))
-               .sort("ns", descending=True).head(p.top_n))
+    by_name = ranked(syncs.group_by("name").agg(
+        pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")), "ns", p.top_n)
     offenders = [offender("api", nm, int(ns), "ns", count=k) for nm, k, ns in by_name.iter_rows()]
     win_rows = pl.concat([short.select(["device_id", "start_ns", "end_ns"]),
                           long_rows.select(["device_id", "start_ns", "end_ns"])]
@@ -271,7 +272,7 @@ def host_sync(ctx: Context) -> list[Finding]:
            + (f" ({per_step:.3g} per step)" if per_step is not None else "")
            + f" drained the GPU: it then idled {fmt_ns(idle)} ({fmt_frac(share)} of steady-state"
            f" device time) until the host launched again."
-           + (f" Top: {offenders[0]['name']}." if offenders else ""))
+           + (f" Top: {md_code(offenders[0]['name'])}." if offenders else ""))
     ev = evidence(metrics, windows_from(win_rows, None, p.top_n, "idle after sync"), offenders)
     return [make_finding("HOST_SYNC_IN_STEP", sev, msg, ev)]
 
@@ -293,9 +294,9 @@ def launch_bound(ctx: Context) -> list[Finding]:
     dur = kernels["end_ns"] - kernels["start_ns"]
     launches = ctx.in_window(ctx.trace.frame("cuda_api").filter(
         pl.col("api_class") == "launch"))
-    top = (kernels.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns"))
-                                        .mean().alias("mean_ns"))
-           .sort(["len", "mean_ns"], descending=[True, True]).head(p.top_n))
+    top = ranked(kernels.group_by("name").agg(
+        pl.len(), (pl.col("end_ns") - pl.col("start_ns")).mean().alias("mean_ns")),
+        ["len", "mean_ns"], p.top_n)
     offenders = [offender("kernel", nm, float(m), "ns", count=k,
                           detail=f"mean {fmt_ns(m)}") for nm, k, m in top.iter_rows()]
     wlen = ctx.window[1] - ctx.window[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.escape import md_code
 from nsysan.findings.context import Context, NotEvaluated
 from nsysan.findings.evidence import (
     evidence,
@@ -15,7 +16,7 @@ from nsysan.findings.evidence import (
     make_finding,
     metric,
     offender,
-    short,
+    ranked,
     window,
     windows_from,
 )
@@ -55,10 +56,10 @@ def exposed_communication(ctx: Context) -> list[Finding]:
     kernels = ctx.table("kernels")
     offenders = []
     if kernels is not None:
-        top = kernels.filter(pl.col("op_class") == "nccl").sort("total_ns", descending=True)
+        top = ranked(kernels.filter(pl.col("op_class") == "nccl"), "total_ns", p.top_n)
         offenders = [offender("kernel", r["short_name"] or r["demangled_name"], r["total_ns"],
                               "ns", count=r["count"], detail=f"mean {fmt_ns(r['mean_ns'])}")
-                     for r in top.head(p.top_n).iter_rows(named=True)]
+                     for r in top.iter_rows(named=True)]
     hidden = 1 - ns / nccl_ns
     per_step = ns / ctx.n_steps if ctx.n_steps else None
     metrics = [
@@ -135,9 +136,9 @@ def nccl_bandwidth(ctx: Context) -> list[Finding]:
            else "warning" if med < p.nccl_warn_busbw_Bps else None)
     if sev is None:
         return []
-    by_op = (coll.group_by("name").agg(pl.len(), pl.col("busbw").median(),
-                                       pl.col("msg_bytes").median().alias("bytes"))
-             .sort("busbw").head(p.top_n))
+    by_op = ranked(coll.group_by("name").agg(pl.len(), pl.col("busbw").median(),
+                                             pl.col("msg_bytes").median().alias("bytes")),
+                   "busbw", p.top_n, descending=False)
     offenders = [offender("collective", nm, float(bw), "B/s", count=k,
                           detail=f"median message {fmt_bytes(b)}")
                  for nm, k, bw, b in by_op.iter_rows()]
@@ -173,7 +174,7 @@ def no_tensor_cores(ctx: Context) -> list[Finding]:
     sev = grade(frac, p.tc_warn_frac, p.tc_crit_frac)
     if sev is None:
         return []
-    top = bad.sort("total_ns", descending=True).head(p.top_n)
+    top = ranked(bad, "total_ns", p.top_n)
     offenders = [offender("kernel", r["short_name"] or r["demangled_name"], r["total_ns"], "ns",
                           count=r["count"], detail=r["tensor_core_rule"])
                  for r in top.iter_rows(named=True)]
@@ -184,7 +185,8 @@ def no_tensor_cores(ctx: Context) -> list[Finding]:
         metric("n_kernels", "distinct kernels", bad.height, "count"),
     ]
     msg = (f"{fmt_frac(frac)} of compute kernel time is in {bad.height} matrix-multiply / "
-           f"convolution kernels that do not use Tensor Cores; top: {short(offenders[0]['name'])}.")
+           f"convolution kernels that do not use Tensor Cores; top: "
+           f"{md_code(offenders[0]['name'], 80)}.")
     return [make_finding("NO_TENSOR_CORES", sev, msg, evidence(metrics, [], offenders))]
 
 
@@ -205,30 +207,30 @@ def dominant_layer(ctx: Context) -> list[Finding]:
     if layers.is_empty():
         raise NotEvaluated("no NVTX range encloses GPU work")
     step_pat = _step_name_pattern(ctx)
-    ranked = layers.sort("exclusive_gpu_ns", descending=True)
+    by_time = ranked(layers, "exclusive_gpu_ns")
     if step_pat:  # the step range itself is not a layer
         try:
             is_step = pl.col("name").str.contains(step_pat)
-            ranked.select(is_step)
+            by_time.select(is_step)
         except pl.exceptions.PolarsError:
             is_step = pl.col("name").str.contains(step_pat, literal=True)
-        ranked = ranked.filter(~is_step.fill_null(False))
-    if ranked.is_empty():
+        by_time = by_time.filter(~is_step.fill_null(False))
+    if by_time.is_empty():
         return []
-    top = ranked.row(0, named=True)
+    top = by_time.row(0, named=True)
     if (top["exclusive_frac"] or 0) < p.dominant_layer_frac:
         return []
     offenders = [offender("layer", r["name"], r["exclusive_gpu_ns"], "ns", count=r["instances"],
                           detail=fmt_frac(r["exclusive_frac"]))
-                 for r in ranked.head(p.top_n).iter_rows(named=True)]
+                 for r in by_time.head(p.top_n).iter_rows(named=True)]
     metrics = [
         metric("layer_exclusive_ns", "exclusive GPU time of the layer", top["exclusive_gpu_ns"],
                "ns"),
         metric("layer_exclusive_frac", "share of GPU busy time", top["exclusive_frac"], "frac"),
         metric("instances", "instances", top["instances"], "count"),
     ]
-    msg = (f"NVTX range `{short(top['name'])}` holds {fmt_frac(top['exclusive_frac'])} of GPU busy "
-           f"time ({fmt_ns(top['exclusive_gpu_ns'])} in {top['instances']} instances): "
+    msg = (f"NVTX range {md_code(top['name'], 80)} holds {fmt_frac(top['exclusive_frac'])} of "
+           f"GPU busy time ({fmt_ns(top['exclusive_gpu_ns'])} in {top['instances']} instances): "
            "optimise there first.")
     return [make_finding("DOMINANT_LAYER", "info", msg, evidence(metrics, [], offenders))]
 
@@ -254,8 +256,8 @@ def memory_churn(ctx: Context) -> list[Finding]:
     # Without steps a count says little about "sustained": only the cost can warn.
     sev = grade(frac, p.churn_warn_frac, p.churn_crit_frac) or (
         "warning" if sustained and per_step is not None else "info")
-    by = (calls.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum()
-                                     .alias("ns")).sort("ns", descending=True).head(p.top_n))
+    by = ranked(calls.group_by("name").agg(
+        pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")), "ns", p.top_n)
     offenders = [offender("api", nm, int(ns), "ns", count=k) for nm, k, ns in by.iter_rows()]
     metrics = [
         metric("n_calls", "allocation calls in the steady state", calls.height, "count"),
@@ -266,7 +268,8 @@ def memory_churn(ctx: Context) -> list[Finding]:
     msg = (f"{calls.height} allocation calls in the steady state"
            + (f" ({per_step:.3g} per step)" if per_step is not None else "")
            + f" cost the host {fmt_ns(blocked)} ({fmt_frac(frac)}); cudaFree-style calls also "
-           f"synchronise the device. Top: {offenders[0]['name']} ×{offenders[0]['count']}.")
+           f"synchronise the device. Top: {md_code(offenders[0]['name'])} "
+           f"×{offenders[0]['count']}.")
     return [make_finding("MEMORY_CHURN", sev, msg,
                          evidence(metrics, windows_from(calls, "name", p.top_n), offenders))]
 
@@ -296,8 +299,8 @@ def slow_start(ctx: Context) -> list[Finding]:
     if sev is None:
         return []
     before = api.filter(pl.col("start_ns") < first_kernel)
-    by = (before.group_by("name").agg(pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum()
-                                      .alias("ns")).sort("ns", descending=True).head(p.top_n))
+    by = ranked(before.group_by("name").agg(
+        pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")), "ns", p.top_n)
     offenders = [offender("api", nm, int(ns), "ns", count=k) for nm, k, ns in by.iter_rows()]
     metrics = [
         metric("time_to_first_kernel_ns", "first CUDA call → first kernel", ttfk, "ns"),
@@ -307,6 +310,6 @@ def slow_start(ctx: Context) -> list[Finding]:
     wins = [window(first_api, first_kernel, "start-up before the first kernel")]
     msg = (f"The first kernel starts {fmt_ns(ttfk)} after the first CUDA call"
            + (f", the first collective after {fmt_ns(ttfc)}" if ttfc is not None else "")
-           + (f"; top start-up call: {offenders[0]['name']} ({fmt_ns(offenders[0]['value'])})."
-              if offenders else "."))
+           + (f"; top start-up call: {md_code(offenders[0]['name'])} "
+              f"({fmt_ns(offenders[0]['value'])})." if offenders else "."))
     return [make_finding("SLOW_START", sev, msg, evidence(metrics, wins, offenders))]

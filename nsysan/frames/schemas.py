@@ -97,7 +97,9 @@ CUDA_API = pl.Schema(
 NVTX = pl.Schema(
     {
         "trace_id": STR,
-        "range_id": I64,  # stable and unique in the trace (row order of the export)
+        # unique in the trace; 1.. in content order (start, longer first, thread, ...), never
+        # the export's row order: see nsysan.load.adapters_nvtx and docs/determinism.md
+        "range_id": I64,
         "start_ns": I64,
         "end_ns": I64,  # marks: end_ns == start_ns
         "global_tid": I64,

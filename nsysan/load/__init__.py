@@ -15,10 +15,11 @@ from nsysan.frames.trace import Trace, TraceMeta
 from nsysan.load.adapters import CUDA_TABLES, Adapter, missing_frames
 from nsysan.load.adapters_info import read_metadata
 from nsysan.load.export import REPORT_MAGIC, REPORT_SUFFIXES, export_report, report_version
+from nsysan.load.files import check_openable
 from nsysan.load.source import TableSource
 from nsysan.load.sqlite import SQLITE_MAGIC, SqliteSource, read_header
 
-__all__ = ["open_source", "open_trace", "trace_id_for"]
+__all__ = ["check_openable", "open_source", "open_trace", "trace_id_for"]
 
 #: suffixes that name an export or a report rather than the run (stripped by `trace_id_for`)
 _EXPORT_SUFFIX = re.compile(
@@ -77,8 +78,7 @@ def open_source(
     Reports are exported first (cached); nsys is needed only for them.
     """
     path = Path(path)
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such file or directory")
+    check_openable(path)
     if path.is_dir():
         return _directory_source(path), None
     header = read_header(path)

@@ -40,6 +40,7 @@ import polars as pl
 
 from nsysan.errors import SchemaError
 from nsysan.frames import schemas
+from nsysan.frames.order import break_ties
 from nsysan.frames.trace import TraceMeta
 from nsysan.load.source import TableSource
 
@@ -168,7 +169,9 @@ def global_pid_of(col: str) -> pl.Expr:
 
 
 def sort_by_time(df: pl.DataFrame, start: str = "start_ns", end: str = "end_ns") -> pl.DataFrame:
-    """``df`` stably sorted by (start, end).
+    """``df`` sorted by (start, end), rows with the same start and end by every other column
+    (`nsysan.frames.order`): the order depends on the rows' content, never on the export's
+    physical row order.
 
     Sorting by start alone is cheaper (one key) and gives the same order whenever the rows that
     share a start already have non-decreasing ends, which a vectorised check confirms; only
@@ -176,8 +179,8 @@ def sort_by_time(df: pl.DataFrame, start: str = "start_ns", end: str = "end_ns")
     by_start = df.sort(start, maintain_order=True)
     s, e = by_start[start], by_start[end]
     if ((s == s.shift(1)) & (e < e.shift(1))).any():
-        return df.sort(start, end, maintain_order=True)
-    return by_start
+        by_start = df.sort(start, end, maintain_order=True)
+    return break_ties(by_start, [start, end])
 
 
 def missing_frames(tables: Mapping[str, int]) -> tuple[dict[str, str], list[str]]:

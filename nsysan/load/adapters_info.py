@@ -6,7 +6,11 @@ Choices:
   capture ``id`` 3 is ``cuDevice`` 0. Processes that remap devices with ``CUDA_VISIBLE_DEVICES``
   can still disagree; nsys's own reports join ``id`` directly.
 - ``threads``: one row per ``global_tid``; a thread named twice keeps the name with the highest
-  ``priority``, the last such row on a tie.
+  ``priority``, the greatest name on a tie.
+- row order is content order, never the export's (which Nsight Systems 2025.6+ does not
+  promise): gpus by ``device_id``, streams, processes and threads by their ids, then by every
+  other column; capture settings by name, each setting's values sorted; an export-metadata
+  name given twice keeps its greatest value.
 - the ``meta`` frame holds the versions, the session, every export-metadata row
   (``export:<NAME>``), the host facts of TARGET_INFO_SYSTEM_ENV (``system:<name>``), capture
   settings (``capture:<NAME>``) **except environment variables**, which can hold secrets and would
@@ -21,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 
 EXPORT_META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023.4+ name first
@@ -31,16 +36,17 @@ def _name_value(adapter: Adapter, table: str) -> list[tuple[str, str]]:
     if not adapter.has(table):
         return []
     df = adapter.read(table, ["name", "value"])
-    return list(zip(df["name"].cast(pl.String), df["value"].cast(pl.String), strict=True))
+    df = df.select(pl.col("name", "value").cast(pl.String)).sort("name", "value")
+    return list(zip(df["name"], df["value"], strict=True))
 
 
-def _first(adapter: Adapter, table: str, column: str, agg: str = "first") -> int | None:
+def _first(adapter: Adapter, table: str, column: str, agg: str = "min") -> int | None:
     if column not in adapter.source.columns(table):
         return None
     values = adapter.read(table, [column])[column].drop_nulls().cast(pl.Int64)
     if values.is_empty():
         return None
-    value = values.max() if agg == "max" else values[0]
+    value = values.max() if agg == "max" else values.min()
     return int(value)  # type: ignore[arg-type]  # an Int64 series yields ints
 
 
@@ -53,7 +59,7 @@ def read_metadata(adapter: Adapter) -> dict[str, Any]:
             break
     export = dict(export_rows)
     capture: dict[str, list[str]] = {}
-    for name, value in _name_value(adapter, "META_DATA_CAPTURE"):
+    for name, value in _name_value(adapter, "META_DATA_CAPTURE"):  # sorted by name, value
         capture.setdefault(name, []).append(value)
     notes: list[str] = []
     normalized = export.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower() == "true"
@@ -122,7 +128,7 @@ def build_gpus(adapter: Adapter) -> pl.DataFrame | None:
                 "computeCapabilityMajor": pl.Int64(),
                 "computeCapabilityMinor": pl.Int64(),
             },
-        ).unique("deviceId", keep="first", maintain_order=True)
+        ).sort(pl.all(), nulls_last=True).unique("deviceId", keep="first", maintain_order=True)
         df = df.join(
             cuda.rename({"deviceId": "device_id"}),
             on="device_id",
@@ -135,7 +141,7 @@ def build_gpus(adapter: Adapter) -> pl.DataFrame | None:
                 pl.format("{}.{}", "computeCapabilityMajor", "computeCapabilityMinor"),
             ),
         )
-    return adapter.finish(df.sort("device_id", maintain_order=True), schemas.GPUS)
+    return adapter.finish(content_sort(df, ["device_id"]), schemas.GPUS)
 
 
 def build_streams(adapter: Adapter) -> pl.DataFrame | None:
@@ -156,7 +162,7 @@ def build_streams(adapter: Adapter) -> pl.DataFrame | None:
         priority="priority",
         stream_type=pl.col("stream_type").fill_null(pl.lit("unknown")),
     )
-    return adapter.finish(df, schemas.STREAMS)
+    return adapter.finish(content_sort(df, ["pid", "context_id", "stream_id"]), schemas.STREAMS)
 
 
 def build_processes(adapter: Adapter) -> pl.DataFrame | None:
@@ -168,7 +174,7 @@ def build_processes(adapter: Adapter) -> pl.DataFrame | None:
         pid=pl.coalesce("pid", pid_of("globalPid")),
         name="name",
     )
-    return adapter.finish(df, schemas.PROCESSES)
+    return adapter.finish(content_sort(df, ["global_pid"]), schemas.PROCESSES)
 
 
 def build_threads(adapter: Adapter) -> pl.DataFrame | None:
@@ -176,11 +182,11 @@ def build_threads(adapter: Adapter) -> pl.DataFrame | None:
         return None
     df = adapter.read("ThreadNames", ["globalTid", "nameId"], {"priority": pl.Int64()})
     df = (
-        df.with_row_index("row")
-        .sort("globalTid", pl.col("priority").fill_null(0), "row")
+        adapter.resolve(df, "nameId", "name")
+        .sort("globalTid", pl.col("priority").fill_null(0), "name", nulls_last=False)
         .unique("globalTid", keep="last", maintain_order=True)
     )
-    df = adapter.resolve(df, "nameId", "name").select(
+    df = df.select(
         global_tid="globalTid",
         pid=pid_of("globalTid"),
         tid=tid_of("globalTid"),
@@ -207,6 +213,7 @@ def build_meta(adapter: Adapter) -> pl.DataFrame:
     rows += [(f"export:{k}", v) for k, v in info["export"].items()]
     if adapter.has("TARGET_INFO_SYSTEM_ENV"):
         env = adapter.read("TARGET_INFO_SYSTEM_ENV", ["name", "value"])
+        env = env.select(pl.col("name", "value").cast(pl.String)).sort("name", "value")
         rows += [(f"system:{k}", v) for k, v in env.iter_rows()]
     for key, values in info["capture"].items():
         if "ENVIRONMENT_VARIABLE" not in key:

@@ -9,10 +9,19 @@ Rules (nsys facts from ../research/nsys-sqlite-schema.md §6, choices marked as 
   message, so its ranges carry only ``textId``; both forms mix within one file).
 - ``domain``: the text of the eventType 75 (domain create) row with the same ``domainId`` **and
   the same process** (domain ids are per process); ``""`` for domain 0; null when the create
-  row was not captured (e.g. an export trimmed by its author).
-- ``range_id``: ``eventId`` when the export has it (schema 3.28+), else the row's position in
-  NVTX_EVENTS counted from 1, which is the SQLite ``rowid`` and what nsys's own ``nvtxgpuproj``
-  report calls RangeId; the same in a parquetdir export of the same report.
+  row was not captured (e.g. an export trimmed by its author). A domain created more than once
+  in a process takes the name of its earliest create event (the smallest name on a tie).
+- ``range_id`` (choice): the event's position, counted from 1, in the **content order** of the
+  events: (``start_ns``, ``end_ns`` descending, ``global_tid``, ``end_global_tid``, ``style``,
+  ``domain``, ``name``, ``category``, ``payload_json``, ``unterminated``), nulls first. It
+  depends on what the events are, never on where the export lists them (Nsight Systems 2025.6+
+  does not promise the row order of its exports, so the SQLite ``rowid`` can differ between two
+  exports of one capture, and ``eventId`` exists only from schema 3.28), so it is the same in
+  every export of the same events, SQLite or parquetdir. Events equal in all those columns are
+  indistinguishable, and whichever gets which id, the frame is the same. It is *not* the
+  RangeId of nsys's own ``nvtxgpuproj`` report (the rowid); match those rows by content. A
+  range starts no later than its children and is not shorter, so on each thread a parent's
+  ``range_id`` is smaller than its children's.
 - a NULL ``end`` (an unterminated range in some exports) becomes the session end
   (``ANALYSIS_DETAILS.duration``); ``unterminated`` is true when the end was NULL or equals the
   session end, which is where nsys 2022.4/2023.4 put ranges that were never closed.
@@ -30,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, global_pid_of, pid_of, tid_of
 
 NVTX_TABLE = "NVTX_EVENTS"
@@ -53,27 +63,28 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
             "category": pl.Int64(),
             "jsonText": pl.String(),
             "jsonTextId": pl.Int64(),
-            "eventId": pl.Int64(),
         },
     )
-    raw = raw.with_row_index("row", offset=1).with_columns(
-        range_id=pl.coalesce(pl.col("eventId"), pl.col("row").cast(pl.Int64)),
-        pid=pid_of("globalTid"),
-    )
+    raw = raw.with_columns(pid=pid_of("globalTid"))
 
     domains = adapter.resolve(
         raw.filter(pl.col("eventType") == DOMAIN_CREATE).select(
-            "pid", "domainId", "text", "textId"
+            "pid", "domainId", "start", "text", "textId"
         ),
         "textId",
         "domain_text",
     ).select(
         "pid",
         "domainId",
+        "start",
         pl.coalesce("text", "domain_text").alias("domain"),
     )
-    # a domain can be created more than once in a process; the first name wins
-    domains = domains.unique(["pid", "domainId"], keep="first", maintain_order=True)
+    # a domain can be created more than once in a process: the earliest create names it
+    domains = (
+        domains.sort("pid", "domainId", "start", "domain", nulls_last=True)
+        .unique(["pid", "domainId"], keep="first", maintain_order=True)
+        .drop("start")
+    )
 
     styles = pl.DataFrame(
         {"eventType": list(STYLE_OF_EVENT_TYPE), "style": list(STYLE_OF_EVENT_TYPE.values())},
@@ -91,7 +102,6 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         duration = int(last) if last is not None else 0
     is_mark = pl.col("style") == "mark"
     ev = ev.select(
-        "range_id",
         start_ns="start",
         end_ns=pl.when(is_mark)
         .then(pl.col("start"))
@@ -110,6 +120,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         unterminated=~is_mark & (pl.col("end").is_null() | (pl.col("end") == duration)),
         payload_json=pl.coalesce("jsonText", "json_value"),
     )
+    ev = _with_content_ids(ev)
     unnamed = ev["domain"].null_count()
     if unnamed:
         adapter.note(
@@ -135,8 +146,23 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
             pl.Series(~has_parent), None  # type: ignore[arg-type]
         ),
     )
-    ev = ev.sort("start_ns", "range_id")
     return adapter.finish(ev, schemas.NVTX)
+
+
+#: the content order that numbers NVTX events (module docstring, ``range_id``)
+CONTENT_ORDER = (
+    ("start_ns", False), ("end_ns", True), ("global_tid", False), ("end_global_tid", False),
+    ("style", False), ("domain", False), ("name", False), ("category", False),
+    ("payload_json", False), ("unterminated", False),
+)
+
+
+def _with_content_ids(ev: pl.DataFrame) -> pl.DataFrame:
+    """``ev`` in content order with ``range_id`` = 1, 2, ... in that order."""
+    keys = [c for c, _ in CONTENT_ORDER]
+    desc = [d for _, d in CONTENT_ORDER]
+    ev = content_sort(ev, keys[:2], descending=desc[:2], ties=keys)
+    return ev.with_columns(range_id=pl.int_range(1, pl.len() + 1, dtype=pl.Int64))
 
 
 def nest_ranges(ranges: pl.DataFrame) -> pl.DataFrame:

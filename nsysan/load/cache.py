@@ -7,9 +7,10 @@ compressed; a 1M-kernel trace loads several times faster from the cache (bench/R
 Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
 (the loading notes the frame's build added to ``TraceMeta.notes``, replayed on a cache hit so
 results stay identical). The cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an
-explicit ``cache_dir`` wins), never the input's directory. ``key`` hashes the nsysan version,
-the file's size and mtime and a sample of its content (first and last MiB, 32 blocks of
-64 KiB spread over the file): hashing all of a 2 GB export would cost more than reading it.
+explicit ``cache_dir`` wins), never the input's directory. ``key`` hashes the nsysan version
+and `FRAMES_REVISION`, the file's size and mtime and a sample of its content (first and last
+MiB, 32 blocks of 64 KiB spread over the file): hashing all of a 2 GB export would cost more
+than reading it.
 
 When: by default only SQLite sources of at least ``MIN_BYTES`` (small traces load in well
 under a second; caching them would only fill the disk); ``frame_cache=True`` forces it,
@@ -33,6 +34,9 @@ import polars as pl
 from nsysan.frames.trace import TraceMeta
 
 MIN_BYTES = 64 << 20
+#: bumped whenever a frame's content changes within one nsysan version (part of the key): a
+#: cache written before must not be served (2: content-derived NVTX ids and row order)
+FRAMES_REVISION = 2
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
@@ -57,7 +61,7 @@ def content_key(path: Path) -> str:
 
     st = path.stat()
     h = hashlib.blake2b(digest_size=12)
-    h.update(f"{__version__}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update(f"{__version__}|{FRAMES_REVISION}|{st.st_size}|{st.st_mtime_ns}".encode())
     with open(path, "rb") as fh:
         h.update(fh.read(_EDGE))
         if st.st_size > 2 * _EDGE:

@@ -7,6 +7,14 @@ changed report or another nsys gets a new export and an old one is never reused 
 export is written to a temporary name and renamed into place, and whatever a failed export left
 behind is removed: nsys 2022.4 exits 1 on a report from 2023.x but leaves a partial .sqlite.
 
+A cached export is reused only when it is **valid**: the sidecar ``<export>.nsysan-export``
+(written after nsys exited 0 and the export was renamed into place) records its size and mtime,
+and they still match; a SQLite export's header is intact and its page count times its page size
+is its size (a file cut short by a full disk or a copy fails that); every Parquet file of a
+parquetdir ends with the Parquet magic. An invalid cache entry (nsysan's own, by its name) is
+removed and the report exported again; a cache written before this rule has no sidecar and is
+exported once more.
+
 Version errors, as each nsys reports them (see ../shared/traces/README.md):
 - 2024+ reports carry the recording version in their first bytes
   (``NVIDIA Tegra Profiler Report 2025@1@1@110-...``); that is checked before nsys runs;
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import re
 import shutil
@@ -29,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from nsysan.errors import ConfigError, ExportError, TraceFormatError
+from nsysan.load.files import check_openable
 from nsysan.load.sqlite import SQLITE_MAGIC, read_header
 
 ExportFormat = Literal["sqlite", "parquetdir"]
@@ -67,7 +77,9 @@ def find_nsys(explicit: str | Path | None = None) -> Path | None:
                     f"{origin} points to {named}, which is not an executable nsys; fix the path "
                     f"or unset it"
                 )
-            return path
+            # Absolute: a relative name ("./nsys" becomes "nsys" as a Path) would be looked up
+            # on PATH when run, and could run another nsys than the file named.
+            return path.absolute()
     on_path = shutil.which("nsys")
     if on_path:
         return Path(on_path)
@@ -175,12 +187,91 @@ def _check_report(report: Path) -> None:
 
 
 def _is_complete(out: Path, fmt: str) -> bool:
+    """Whatever nsys wrote looks like a whole export (checked before the rename)."""
     if fmt == "parquetdir":
-        return out.is_dir() and any(out.glob("*.parquet"))
+        return out.is_dir() and any(out.glob("*.parquet")) and parquet_files_whole(out)
     try:
-        return out.is_file() and read_header(out, len(SQLITE_MAGIC)) == SQLITE_MAGIC
-    except TraceFormatError:
+        return out.is_file() and sqlite_file_whole(out)
+    except (OSError, TraceFormatError):
         return False
+
+
+def sqlite_file_whole(path: Path) -> bool:
+    """The SQLite magic, and the size the header declares (page size x page count, when the
+    header's page count is valid) equals the file's size."""
+    header = read_header(path, 100)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return False
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counter_valid = header[24:28] == header[92:96]  # else the page count is stale
+    if counter_valid and pages and page_size:
+        return path.stat().st_size == pages * page_size
+    return True
+
+
+def parquet_files_whole(directory: Path) -> bool:
+    """Every ``*.parquet`` file starts and ends with the Parquet magic (a cut file lacks the
+    footer)."""
+    for f in directory.glob("*.parquet"):
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                head = fh.read(4)
+                fh.seek(max(size - 4, 0))
+                tail = fh.read(4)
+        except OSError:
+            return False
+        if size < 12 or head != b"PAR1" or tail != b"PAR1":
+            return False
+    return True
+
+
+SIDECAR_SUFFIX = ".nsysan-export"
+
+
+def sidecar_path(export: Path) -> Path:
+    """The marker written once ``export`` is complete (see the module docstring)."""
+    return export.with_name(export.name + SIDECAR_SUFFIX)
+
+
+def _stat_of(export: Path) -> dict[str, int]:
+    if export.is_dir():
+        files = sorted(export.glob("*.parquet"))
+        return {"size": sum(f.stat().st_size for f in files), "files": len(files),
+                "mtime_ns": max((f.stat().st_mtime_ns for f in files), default=0)}
+    st = export.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _write_sidecar(export: Path, nsys_version: str | None) -> None:
+    side = sidecar_path(export)
+    tmp = side.with_name(f"{side.name}.nsysan-tmp{uuid.uuid4().hex[:8]}")
+    data = {"marker": "nsysan export", "nsys_version": nsys_version, **_stat_of(export)}
+    try:
+        tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+        os.replace(tmp, side)
+    except OSError as exc:
+        raise ExportError(f"cannot write {side} ({exc.strerror or exc}); free some space or set "
+                          "NSYSAN_CACHE_DIR") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def cached_export_valid(export: Path, fmt: str) -> bool:
+    """A cached export nsysan may reuse: whole (`_is_complete`) and recorded by its sidecar
+    with the size and mtime it still has."""
+    if not export.exists():
+        return False
+    try:
+        recorded = json.loads(sidecar_path(export).read_text())
+        if not isinstance(recorded, dict) or recorded.get("marker") != "nsysan export":
+            return False
+        now = _stat_of(export)
+    except (OSError, ValueError):
+        return False
+    return all(recorded.get(k) == v for k, v in now.items()) and _is_complete(export, fmt)
 
 
 def _remove(path: Path) -> None:
@@ -228,6 +319,8 @@ def export_report(
     report = Path(report)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    if os.path.lexists(report):  # (a missing report: the header read below says so)
+        check_openable(report)  # a named pipe would block the header read below
     _check_report(report)
     recorded = report_version(report)
     binary = find_nsys(nsys)
@@ -239,8 +332,13 @@ def export_report(
         )
     installed = nsys_version(binary)
     target = export_path(report, installed, fmt, cache_dir)
-    if _is_complete(target, fmt):
+    if cached_export_valid(target, fmt):
         return target
+    if target.exists() or sidecar_path(target).exists():
+        # an export cut short, or one nsysan cannot vouch for: nsysan's own cache entry (the
+        # name says so), exported again below
+        _remove(target)
+        sidecar_path(target).unlink(missing_ok=True)
     if recorded and installed and _year_release(recorded) > _year_release(installed):
         raise ExportError(_too_new_message(recorded, installed))
     if fmt == "parquetdir" and installed and _year_release(installed) < PARQUETDIR_SINCE:
@@ -272,6 +370,7 @@ def export_report(
                 _failure_message(report, proc.returncode, proc.stderr + proc.stdout, installed)
             )
         os.replace(tmp, target)
+        _write_sidecar(target, installed)
     finally:
         if tmp.exists():
             _remove(tmp)

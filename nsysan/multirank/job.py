@@ -26,9 +26,11 @@ from typing import Any
 import polars as pl
 
 from nsysan.errors import ConfigError, TraceFormatError
+from nsysan.escape import md_cell, md_text
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.load.files import check_openable
 from nsysan.multirank import align
 from nsysan.multirank.ranks import (
     MPI_OR_NCCL_API_RE,
@@ -131,8 +133,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
             expanded.append(item)
             continue
         p = Path(item)
-        if not p.exists():
-            raise TraceFormatError(f"{p}: no such file or directory")
+        check_openable(p)  # missing, a pipe, a symlink loop: one line saying which
         from nsysan.batch.discover import is_parquetdir
 
         if p.is_dir() and not is_parquetdir(p):
@@ -467,7 +468,8 @@ def job_markdown(result: JobResult) -> str:
         fk = r["first_kernel_ns"]
         busy = r["busy_frac"]
         lines.append(
-            f"| {r['rank']} | {r['source_trace_id']} | {r['pid']} | {r['rank_source']} | "
+            f"| {r['rank']} | {md_text(r['source_trace_id'])} | {r['pid']} | "
+            f"{md_text(r['rank_source'])} | "
             f"{_ms(r['clock_offset_ns'])} | {'—' if fk is None else f'{fk / 1e9:.2f}'} | "
             f"{_ms(r['step_time_ns'])} | {'—' if busy is None else f'{busy:.0%}'} | "
             f"{_ms(r['exposed_comm_ns'])} | {r['n_last']} | {_ms(r['wait_imposed_ns'])} |"
@@ -476,9 +478,10 @@ def job_markdown(result: JobResult) -> str:
     if not result.findings:
         lines.append("No stragglers, start-up skew or exposed communication found.")
     for f in result.findings:
-        lines.append(f"- **{f.severity}** `{f.code}` ({f.layer}): {f.message}")
+        # messages are Markdown whose trace strings are code spans (`md_code`)
+        lines.append(f"- **{f.severity}** `{f.code}` ({f.layer}): {md_cell(f.message)}")
     if result.notes:
-        lines += ["", "## Notes", "", *(f"- {n}" for n in result.notes)]
+        lines += ["", "## Notes", "", *(f"- {md_text(n)}" for n in result.notes)]
     return "\n".join(lines) + "\n"
 
 

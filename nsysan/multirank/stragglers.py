@@ -31,6 +31,7 @@ from typing import Any
 
 import polars as pl
 
+from nsysan.escape import md_code
 from nsysan.frames import intervals as iv
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import Finding
@@ -159,7 +160,7 @@ def find_stragglers(
         key = late.group_by("key").len().sort(["len", "key"], descending=[True, False])["key"][0]
         late_key = late.filter(pl.col("key") == key)
         rank_steps = steps.filter(pl.col("rank") == r).sort("start_ns")
-        unit = f"{late_key['name'][0]} calls"
+        unit = f"{md_code(late_key['name'][0], 80)} calls"  # a name from the trace
         positions = late_key["seq"]
         if not rank_steps.is_empty():
             positions = (
@@ -176,7 +177,7 @@ def find_stragglers(
                          f"{_CAUSE_WORDS[cause]}.")
             cause = "unknown"
         else:
-            top_txt = f" (e.g. {', '.join(top)})" if top else ""
+            top_txt = f" (e.g. {', '.join(md_code(t, 80) for t in top)})" if top else ""
             explained = (f"Before those collectives it spent {excess / 1e6:.1f} ms more than "
                          f"the other ranks in {_CAUSE_WORDS[cause]}{top_txt}.")
         if period == 1:

@@ -307,7 +307,8 @@ def _metrics(gaps: pl.DataFrame, summary: pl.DataFrame, scope: str) -> dict[str,
     ns = dict(zip(by_cause["cause"].to_list(), by_cause["duration_ns"].to_list(), strict=True))
     for cause in schemas.GAP_CAUSES:
         metrics[f"gaps_ns_{cause}"] = int(ns.get(cause, 0))
-    metrics["main_gap_cause"] = max(ns, key=lambda c: ns[c]) if ns else None
+    # the largest; on a tie the first by name (group-by output has no order)
+    metrics["main_gap_cause"] = max(sorted(ns), key=lambda c: ns[c]) if ns else None
     return metrics
 
 

@@ -144,13 +144,13 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("payload_json").str.extract(_MSG_SIZE_RE, 1).cast(pl.Int64).alias("_bytes"),
             pl.col("payload_json").str.extract(_COMM_ID_RE, 1).alias("_comm"),
         )
-        .sort("start_ns")
+        .sort("start_ns", maintain_order=True)  # stable: ties keep the nvtx frame's order
     )
     # Each range goes to the first NCCL launch on its thread that ends at or after its start.
     linked = (
         ranges.join_asof(
             launches.select("global_tid", "global_pid", "correlation_id", "api_end_ns")
-            .sort("api_end_ns"),
+            .sort("api_end_ns", "global_pid", "correlation_id"),
             left_on="start_ns", right_on="api_end_ns", by="global_tid", strategy="forward",
             check_sortedness=False,
         )
@@ -248,7 +248,7 @@ def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:
     api = trace.frame("cuda_api")
     if "_api_row" in kern.columns:  # every op's call is known (`op_link`): a gather
         k = kern.filter(pl.col("_api_row") >= 0).unique(
-            ["global_pid", "correlation_id"], keep="first")
+            ["global_pid", "correlation_id"], keep="first", maintain_order=True)
         return k.select(
             "global_pid", "correlation_id",
             *(op_link.gather(api[col], k["_api_row"]).alias(alias) for col, alias in (
@@ -272,7 +272,9 @@ def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:
             ),
             on=["global_pid", "correlation_id"], how="inner",
         )
-        .unique(["global_pid", "correlation_id"], keep="first")
+        .sort("global_pid", "correlation_id", "api_start_ns", "api_end_ns", "global_tid",
+              "api_name", nulls_last=True)  # one key, several calls: the earliest launched
+        .unique(["global_pid", "correlation_id"], keep="first", maintain_order=True)
     )
 
 
@@ -307,12 +309,13 @@ def _nccl_table(
     table = (
         kern.lazy()
         .with_columns(covered)
+        .with_row_index("_k")  # gpu_ops (content) order: breaks the sort's ties below
         .join(names.lazy(), on="kernel_name", how="left")
         .join(launches.drop("global_tid", "api_end_ns"), on=["global_pid", "correlation_id"],
               how="left")
         .join(issued, on=["global_pid", "correlation_id"], how="left")
         .join(n_ranks.lazy(), on="pid", how="left")
-        .sort("pid", "device_id", "stream_id", "start_ns", "end_ns")
+        .sort("pid", "device_id", "stream_id", "start_ns", "end_ns", "_k")
         .with_columns(
             pl.lit(trace.trace_id).alias("trace_id"),
             op.alias("op"),
@@ -334,7 +337,7 @@ def _nccl_table(
             .with_columns(
                 pl.when(pl.col("start_ns") < pl.col("_se")).then(pl.col("step")).alias("step")
             )
-            .sort("pid", "device_id", "stream_id", "start_ns", "end_ns")
+            .sort("pid", "device_id", "stream_id", "start_ns", "end_ns", "_k")
         )
     return schemas.conform(table, schemas.NCCL), union_exposed
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -103,10 +104,13 @@ def _coerce(value: str, annotation: Any, where: str) -> Any:
             if low in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
-        if annotation is int:
-            return int(float(value)) if "e" in value.lower() else int(value.replace("_", ""))
-        if annotation is float:
-            return float(value)
+        if annotation in (int, float):
+            number = float(value) if annotation is float or "e" in value.lower() else None
+            if number is not None and not math.isfinite(number):
+                raise ConfigError(f"{where}: {value!r} is not a finite number")
+            if annotation is float:
+                return number
+            return int(number) if number is not None else int(value.replace("_", ""))
     except ValueError:
         raise ConfigError(f"{where}: cannot read {value!r} as {annotation.__name__}") from None
     return value

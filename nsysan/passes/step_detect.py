@@ -43,7 +43,9 @@ def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | 
     groups = (
         cand.group_by("global_tid", "key")
         .agg(pl.len().alias("n"), pl.col("start_ns").min().alias("first"))
-        .sort(["n", "first"], descending=[True, False])
+        # the most instances, the earliest first; then by thread and name (a total order:
+        # group-by output comes in no particular order)
+        .sort(["n", "first", "global_tid", "key"], descending=[True, False, False, False])
         .head(1)
         .collect()
     )
@@ -198,7 +200,8 @@ def periodic_steps(
     seq = (
         kern.lazy()
         .filter((pl.col("pid") == pid) & (pl.col("device_id") == dev))
-        .sort("start_ns", "end_ns")
+        # stable: kernels with the same start and end keep the frame's content order
+        .sort("start_ns", "end_ns", maintain_order=True)
         .select(
             pl.int_range(pl.len(), dtype=pl.Int64).alias("i"),
             pl.col("name").fill_null(""),

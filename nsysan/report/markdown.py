@@ -3,6 +3,10 @@
 It opens with the verdict and the baseline block, then lists findings (most severe first) with
 their evidence, advice and quick check, then per-layer attribution (or why it is unavailable),
 the pictures, and what was checked and not found / not evaluated.
+
+Strings from the trace never become markup (`nsysan.escape`): table cells, headings and list
+items are `md_text`; finding messages are Markdown whose trace strings the rules put in code
+spans (`md_code`); the input path is a code span too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from nsysan.escape import md_code, md_text
 from nsysan.findings.catalogue import CATALOGUE, LAYER_TITLES
 from nsysan.findings.evidence import fmt_frac, fmt_ns, fmt_value
 from nsysan.frames.trace import Trace
@@ -24,9 +29,8 @@ _MAX_CELL = 90
 
 
 def _cell(text: Any, limit: int = _MAX_CELL) -> str:
-    """A markdown table cell: one line, pipes escaped, long names shortened."""
-    s = " ".join(str(text).split()).replace("|", "\\|")
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    """A markdown table cell (or list item): one line of inert text, long names shortened."""
+    return md_text(text, limit)
 
 
 def _t(ns: int | None) -> str:
@@ -64,7 +68,7 @@ def _finding(i: int, f: Finding) -> list[str]:
     spec = CATALOGUE.get(f.code)
     where = "".join([f", device {f.device_id}" if f.device_id is not None else "",
                      f", pid {f.pid}" if f.pid is not None else ""])
-    lines = [f"### {i}. [{f.severity.upper()}] {f.title} — `{f.code}`", "",
+    lines = [f"### {i}. [{f.severity.upper()}] {md_text(f.title)} — {md_code(f.code)}", "",
              f"Layer: **{f.layer}**{where}", "", f.message, ""]
     ev = f.evidence or {}
     metrics = ev.get("metrics", [])
@@ -104,8 +108,9 @@ def _layers(diagnosis: Any, layers: pl.DataFrame | None, images: Mapping[str, st
     if note is not None or layers is None or layers.is_empty():
         return [*lines, note or "Per-layer attribution is unavailable: no NVTX range encloses "
                 "GPU work.", ""]
-    top = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort("exclusive_gpu_ns",
-                                                             descending=True).head(15)
+    # stable: the layers table already breaks ties (by busy time, domain, name)
+    top = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort(
+        "exclusive_gpu_ns", descending=True, maintain_order=True).head(15)
     lines += ["| layer | instances | GPU ops | exclusive GPU time | share | busy (union) |",
               "|---|---|---|---|---|---|"]
     for r in top.iter_rows(named=True):
@@ -134,7 +139,7 @@ def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str
     """Per-step breakdown: where each step's device time went, step by step."""
     if steps is None or steps.is_empty():
         return []
-    source = steps["source"][0]
+    source = md_text(steps["source"][0])  # e.g. nvtx:<a name pattern from the trace>
     lines = ["## Steps", "", f"{steps.height} steps from {source}"
              f" ({int(steps['warmup'].sum())} warm-up). Per step, device time by engine state:", ""]
     if overlap is not None and not overlap.is_empty():
@@ -166,7 +171,8 @@ def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str
     shown = steps.sort("step")
     if shown.height > _MAX_STEP_ROWS:  # warm-up steps, then the slowest steady ones
         shown = pl.concat([shown.filter(pl.col("warmup")),
-                           shown.filter(~pl.col("warmup")).sort("duration_ns", descending=True)
+                           shown.filter(~pl.col("warmup")).sort("duration_ns", descending=True,
+                                                                maintain_order=True)
                            ]).head(_MAX_STEP_ROWS).sort("step")
     lines += ["| step | start | duration | GPU busy | idle | exposed NCCL | H2D not overlapped |",
               "|---|---|---|---|---|---|---|"]
@@ -193,17 +199,19 @@ def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = 
     images = dict(images or {})
     counts = {s: sum(1 for f in diagnosis.findings if f.severity == s)
               for s in ("critical", "warning", "info")}
-    lines = [f"# nsysan findings — {trace.trace_id}", ""]
+    lines = [f"# nsysan findings — {md_text(trace.trace_id)}", ""]
     lines += _verdict(diagnosis)
     lines += _baseline(diagnosis)
     lines += ["## Findings", "",
               f"{counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"
-              f" · input: `{trace.meta.path}` (nsys export {trace.meta.exporter_version or '?'},"
-              f" schema {trace.meta.schema_version or '?'})", ""]
+              f" · input: {md_code(trace.meta.path)} (nsys export "
+              f"{md_text(trace.meta.exporter_version or '?')}, schema "
+              f"{md_text(trace.meta.schema_version or '?')})", ""]
     if diagnosis.findings:
         lines += ["| # | severity | code | layer | finding |", "|---|---|---|---|---|"]
         for i, f in enumerate(diagnosis.findings, 1):
-            lines.append(f"| {i} | {f.severity} | `{f.code}` | {f.layer} | {_cell(f.title)} |")
+            lines.append(f"| {i} | {f.severity} | {md_code(f.code)} | {f.layer} | "
+                         f"{_cell(f.title)} |")
         lines.append("")
         for i, f in enumerate(diagnosis.findings, 1):
             lines += _finding(i, f)

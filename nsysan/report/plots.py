@@ -144,7 +144,7 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                                  "cause_detail": pl.String})
         if gaps is not None:
             g = (gaps.filter((pl.col("scope") == "device") & (pl.col("device_id") == dev))
-                 .sort("duration_ns", descending=True).head(MAX_GAPS)
+                 .sort(["duration_ns", "start_ns"], descending=[True, False]).head(MAX_GAPS)
                  .select(g.columns).sort("start_ns"))
         out.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
     return out
@@ -169,7 +169,7 @@ def layers_png(layers: pl.DataFrame, path: Path, top: int = 15) -> Path:
     from nsysan.report import raster
 
     d = (layers.filter(pl.col("exclusive_gpu_ns") > 0)
-         .sort("exclusive_gpu_ns", descending=True).head(top))
+         .sort("exclusive_gpu_ns", descending=True, maintain_order=True).head(top))
     names = [n if len(n) <= 60 else n[:59] + "…" for n in d["name"].fill_null("").to_list()]
     ms = (d["exclusive_gpu_ns"].fill_null(0) / 1e6).to_list()
     labels = [fmt_frac(f) for f in d["exclusive_frac"].fill_null(0).to_list()]
@@ -243,8 +243,8 @@ def _svg_timeline(tl: DeviceTimeline, width: int = 1000) -> str:
 
 
 def _svg_layers(layers: pl.DataFrame, top: int = 20, width: int = 700) -> str:
-    d = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort("exclusive_gpu_ns",
-                                                             descending=True).head(top)
+    d = layers.filter(pl.col("exclusive_gpu_ns") > 0).sort(
+        "exclusive_gpu_ns", descending=True, maintain_order=True).head(top)
     vmax = max(int(d["exclusive_gpu_ns"].fill_null(0).max() or 0), 1)
     rows = []
     for i, r in enumerate(d.iter_rows(named=True)):

@@ -1,0 +1,74 @@
+"""A total, content-derived row order for frames: outputs must not depend on physical row order.
+
+Nsight Systems 2025.6+ does not promise the order in which an export lists its rows, so the
+same capture exported twice can list them differently. Every frame the loader builds is
+therefore put in an order that depends on the rows' content only: sorted by a few leading keys
+(time, usually) and, where rows tie on those, by every other column given. Rows that are still
+equal are equal in every column that was given, so any order of them is the same frame.
+
+Only the tied rows are sorted by the full key (`content_sort`): on real exports ties on
+(start, end) are rare, and sorting millions of rows by twenty columns would cost more than the
+whole load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+
+def tied_rows(df: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
+    """True for every row of ``df`` (sorted by ``keys``) that shares all ``keys`` with its
+    predecessor or its successor."""
+    if df.height < 2:
+        return pl.Series([False] * df.height, dtype=pl.Boolean)
+    same = pl.all_horizontal(pl.col(k).eq_missing(pl.col(k).shift(1)) for k in keys)
+    with_prev = df.select(same.fill_null(False).alias("tie")).to_series()
+    with_next = with_prev.shift(-1, fill_value=False)
+    return with_prev | with_next
+
+
+def content_sort(
+    df: pl.DataFrame,
+    keys: Sequence[str],
+    *,
+    descending: Sequence[bool] | bool = False,
+    ties: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """``df`` sorted by ``keys``, rows that tie on them sorted further by ``ties`` (default:
+    every other column, in frame order), nulls first. The result depends only on the content
+    of ``df``, not on its row order, whenever ``keys + ties`` cover every column that
+    distinguishes rows."""
+    desc = [descending] * len(keys) if isinstance(descending, bool) else list(descending)
+    out = df.sort(list(keys), descending=desc, nulls_last=False, maintain_order=True)
+    return break_ties(out, keys, descending=desc, ties=ties)
+
+
+def break_ties(
+    df: pl.DataFrame,
+    keys: Sequence[str],
+    *,
+    descending: Sequence[bool] | bool = False,
+    ties: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """``df``, already sorted by ``keys``, with the rows that tie on ``keys`` sorted by
+    ``ties`` (default: every other column): see `content_sort`."""
+    desc = [descending] * len(keys) if isinstance(descending, bool) else list(descending)
+    rest = [c for c in (ties if ties is not None else df.columns) if c not in keys]
+    if not rest or df.height < 2:
+        return df
+    tied = tied_rows(df, keys)
+    if not tied.any():
+        return df
+    at = tied.arg_true()
+    # Sorting the tied rows by keys + rest keeps each block of ties where it was (the
+    # blocks differ on keys, which lead the sort) and orders the rows inside each block.
+    sub = df[at].with_columns(pl.Series("_at", at)).sort(
+        [*keys, *rest], descending=desc + [False] * len(rest), nulls_last=False,
+        maintain_order=True,
+    )
+    perm = np.arange(df.height, dtype=np.int64)
+    perm[at.to_numpy()] = sub["_at"].to_numpy()
+    return df[perm]
