@@ -10,7 +10,15 @@ column). ADBC alone is not robust on nsys exports: SQLite is dynamically typed, 
 column's type from its first batch (an NVTX ``text`` column that starts with NULLs fails) and
 fails on a stored value of another type; connectorx likewise rejects such values and takes no
 SQLite URI options. So the dtype comes from the declared column type and a value that does not
-fit becomes null instead of an error, whichever path read it."""
+fit becomes null instead of an error, whichever path read it.
+
+Hostile values are bounded in SQL, before Python or polars sees them (docs/data-quality.md):
+text longer than `quality.text_limit` bytes is cut in the query (on its bytes, as a BLOB: the
+text ``substr`` stops at the first NUL, and real environment strings hold NULs; at a character
+boundary: `quality.bounded_sql`), and on the row path a value of an INTEGER column that is
+not an integer is read as NULL by a ``CASE`` on its ``typeof``, so neither a 200 MB name nor a
+200 MB text in a timestamp column is ever materialised. Both are counted per column
+(`issues`)."""
 
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.load.quality import bounded_sql, text_limit, truncate_text
 
 FORMAT = "sqlite"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -170,6 +179,8 @@ class SqliteSource:
             )
         self._columns: dict[str, list[tuple[str, str]]] = {}
         self._counts: dict[str, int] | None = None
+        #: table -> column -> {"not_integer" | "truncated": values}, from the last read of it
+        self._issues: dict[str, dict[str, dict[str, int]]] = {}
 
     def __repr__(self) -> str:
         return f"SqliteSource({str(self.path)!r})"
@@ -233,13 +244,38 @@ class SqliteSource:
         dtypes = {c: _dtype(declared[c]) for c in columns}
         if not columns:
             return pl.DataFrame()
+        df = self._read_any(table, columns, dtypes)
+        cut = {}
+        for c in columns:
+            if dtypes[c] != pl.Int64():
+                _, n = truncate_text(df[c], text_limit(table), cut=False)  # cut in SQL
+                if n:
+                    cut[c] = n
+        issues = self._issues.setdefault(table, {})
+        for c in columns:
+            if c in cut:
+                issues.setdefault(c, {})["truncated"] = cut[c]
+            elif dtypes[c] != pl.Int64():
+                issues.get(c, {}).pop("truncated", None)
+        return df
+
+    def issues(self, table: str) -> dict[str, dict[str, int]]:
+        """Values of ``table`` that its reads could not return as stored: per column,
+        ``not_integer`` (read as NULL) and ``truncated`` (cut to `quality.text_limit`)."""
+        return {c: dict(v) for c, v in self._issues.get(table, {}).items() if v}
+
+    def _read_any(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> pl.DataFrame:
         if self.tables().get(table, 0) >= BULK_MIN_ROWS:
             bulk = self._read_bulk(table, columns, dtypes)
             if bulk is not None:
+                self._clean_ints(table, [c for c in columns if dtypes[c] == pl.Int64()])
                 return bulk
         ints = [c for c in columns if dtypes[c] == pl.Int64()]
         fast = self._read_ints(table, ints) if ints else None
         if fast is not None:
+            self._clean_ints(table, ints)
             rest = [c for c in columns if c not in fast.columns]
             if not rest:
                 return fast.select(columns)
@@ -248,13 +284,39 @@ class SqliteSource:
                 return fast.hstack(other).select(columns)
         return self._read_rows(table, columns, dtypes)
 
+    def _clean_ints(self, table: str, columns: list[str]) -> None:
+        """ADBC read these INTEGER columns, so every value was an integer or NULL."""
+        issues = self._issues.get(table, {})
+        for c in columns:
+            issues.get(c, {}).pop("not_integer", None)
+
+    def _count_not_integer(self, table: str, columns: list[str]) -> None:
+        """Count, per INTEGER column, the values the row path reads as NULL because SQLite
+        stored them with another type (one aggregate scan, only on that path)."""
+        if not columns:
+            return
+        sums = ", ".join(
+            f"coalesce(sum(typeof({_quote(c)}) NOT IN ('integer', 'null')), 0)" for c in columns
+        )
+        (counts,) = self._con.execute(f"SELECT {sums} FROM {_quote(table)}").fetchall()
+        issues = self._issues.setdefault(table, {})
+        for c, n in zip(columns, counts, strict=True):
+            if n:
+                issues.setdefault(c, {})["not_integer"] = int(n)
+            else:
+                issues.get(c, {}).pop("not_integer", None)
+
     def _read_rows(
         self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
     ) -> pl.DataFrame:
         """The row path: stdlib cursor, one typed Series per column and chunk."""
-        sql = f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(table)}"
+        select = ", ".join(
+            f"{bounded_sql(table, _quote(c), dtypes[c])} AS {_quote(c)}" for c in columns
+        )
+        sql = f"SELECT {select} FROM {_quote(table)}"
         with self._lock:
             try:
+                self._count_not_integer(table, [c for c in columns if dtypes[c] == pl.Int64()])
                 chunks = self._fetch(sql, columns, dtypes)
             except sqlite3.OperationalError as exc:
                 if "decode" not in str(exc):
@@ -331,7 +393,8 @@ class SqliteSource:
         for i, c in enumerate(columns):
             if dtypes[c] == pl.String():
                 flags[c] = f"_nsysan_null_{i}"
-                select += [f"coalesce({_quote(c)}, '') AS {_quote(c)}",
+                bounded = bounded_sql(table, _quote(c), dtypes[c])
+                select += [f"coalesce({bounded}, '') AS {_quote(c)}",
                            f"{_quote(c)} IS NULL AS {flags[c]}"]
             else:
                 select.append(_quote(c))
