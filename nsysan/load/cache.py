@@ -5,9 +5,10 @@ Why: reading a SQLite export is row by row (even through ADBC), while Parquet is
 compressed; a 1M-kernel trace loads several times faster from the cache (bench/RESULTS.md).
 
 Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
-(the loading notes the frame's build added to ``TraceMeta.notes``, replayed on a cache hit so
-results stay identical). The cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an
-explicit ``cache_dir`` wins), never the input's directory. ``key`` hashes the nsysan version,
+(the loading notes the frame's build added to ``TraceMeta.notes`` and the data-quality counts
+it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical). The
+cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an explicit ``cache_dir`` wins),
+never the input's directory. ``key`` hashes the nsysan version, the cache layout (`LAYOUT`),
 the file's size and mtime and a sample of its content (first and last MiB, 32 blocks of
 64 KiB spread over the file): hashing all of a 2 GB export would cost more than reading it.
 
@@ -33,6 +34,9 @@ import polars as pl
 from nsysan.frames.trace import TraceMeta
 
 MIN_BYTES = 64 << 20
+#: part of every key: a layout change (v2: quality counts in the notes file) never reads an
+#: older cache's files
+LAYOUT = "v2"
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
@@ -57,7 +61,7 @@ def content_key(path: Path) -> str:
 
     st = path.stat()
     h = hashlib.blake2b(digest_size=12)
-    h.update(f"{__version__}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update(f"{__version__}|{LAYOUT}|{st.st_size}|{st.st_mtime_ns}".encode())
     with open(path, "rb") as fh:
         h.update(fh.read(_EDGE))
         if st.st_size > 2 * _EDGE:
@@ -89,18 +93,25 @@ def cached_loader(
             try:
                 df = _contiguous(pl.read_parquet(data))
                 added = json.loads(notes.read_text())
-            except (OSError, ValueError, pl.exceptions.PolarsError):
+                texts, quality = list(added["notes"]), dict(added["quality"])
+            except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
                 pass  # damaged or concurrently replaced: rebuild below
             else:
-                for text in added:
+                for text in texts:
                     if text not in meta.notes:
                         meta.notes.append(text)
+                for name, counts in quality.items():
+                    meta.quality.setdefault(name, counts)
                 if "trace_id" in df.columns:  # the id is the caller's, not the first run's
                     df = df.with_columns(pl.lit(meta.trace_id, dtype=pl.String).alias("trace_id"))
                 return df
         before = set(meta.notes)
         df = build(frame)
-        added = [t for t in meta.notes if t not in before]
+        # the frame's own counts, and those of the StringIds lookup it may have read first
+        # (the same in every file that has them: replaying one is enough)
+        added = {"notes": [t for t in meta.notes if t not in before],
+                 "quality": {k: meta.quality[k] for k in (frame, "strings")
+                             if k in meta.quality}}
         # Written in the background: encoding a 1M-kernel gpu_ops takes ~0.7 s that the
         # passes (mostly inside polars, GIL released) can overlap. `flush` waits for it, and
         # so does interpreter exit (executor threads are joined at shutdown).
@@ -125,7 +136,7 @@ def _contiguous(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-def _store(df: pl.DataFrame, folder: Path, frame: str, added: list[str]) -> None:
+def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
