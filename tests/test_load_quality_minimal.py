@@ -129,3 +129,16 @@ def test_columns_the_analysis_needs_keep_a_one_line_error(tmp_path: Path, table:
     assert f"table {table}" in lines[0] and f"lacks column {column}" in lines[0]
     assert "Traceback" not in result.output
     assert not (out / "t").exists()
+
+
+def test_schema_describes_an_export_whose_frame_cannot_be_built(tmp_path: Path) -> None:
+    path = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    _drop(path, KERNEL, "shortName")
+    result = CliRunner().invoke(cli, ["schema", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "cannot be built: table CUPTI_ACTIVITY_KIND_KERNEL" in result.stdout
+    import json
+
+    info = json.loads(CliRunner().invoke(cli, ["schema", str(path), "--json"]).stdout)
+    assert "lacks column shortName" in info["frames"]["gpu_ops"]["error"]
+    assert "error" not in info["frames"]["cuda_api"]

@@ -400,8 +400,12 @@ class Adapter:
 
 def _as_type(column: str, dtype: pl.DataType, want: pl.DataType) -> pl.Expr:
     """The expression that reads ``column`` (of ``dtype``) as ``want`` (Int64 or String):
-    integers kept, integral finite reals and integer text converted, anything else NULL."""
+    integers kept, integral finite reals and integer text converted, anything else NULL
+    (also what polars makes of a column without a declared type that mixes blobs with other
+    values: Binary or Object)."""
     col = pl.col(column)
+    if dtype in (pl.Binary, pl.Object):
+        return pl.lit(None, dtype=want).alias(column)
     if want == pl.String():
         return col.cast(pl.String, strict=False)
     if dtype == pl.String():
