@@ -150,6 +150,23 @@ def test_null_or_non_integer_timestamp_drops_the_row(
     assert quality(broken) == {frame: expected}
 
 
+@pytest.mark.parametrize("decl", ["TEXT", "REAL", ""])
+def test_timestamps_declared_with_another_type_keep_their_values(tmp_path: Path,
+                                                                 decl: str) -> None:
+    """A third-party export may declare every column TEXT or REAL, or give none a type:
+    integers stored so are read as integers, and nothing is counted."""
+    broken, clean = _pair(tmp_path)
+    relax(broken, KERNEL, {"start": decl, "end": decl, "correlationId": decl})
+    assert_same_frames(broken, clean)
+    assert quality(broken) == {}
+    # and what is not an integer is still NULL and counted, blobs in untyped columns too
+    execute(broken, f"UPDATE {KERNEL} SET end = ? WHERE rowid % 10 = 3", params=(b"\x00",))
+    _delete(clean, KERNEL, "rowid % 10 = 3")
+    assert_same_frames(broken, clean)
+    n = _count(broken, KERNEL, "rowid % 10 = 3")
+    assert quality(broken) == {"gpu_ops": {"missing_timestamp": n, "value_not_integer": n}}
+
+
 def test_nvtx_end_that_is_not_an_integer_reads_as_unterminated(tmp_path: Path) -> None:
     broken, repaired = _pair(tmp_path)
     where = "eventType = 59 AND rowid % 9 = 4"

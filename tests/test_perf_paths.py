@@ -59,11 +59,11 @@ def test_a_stray_value_anywhere_reads_as_on_the_row_path(
     df = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"])
     assert df.height == 5000 and df.schema["start"] == pl.Int64
     assert df["start"][4000] is None and df["start"][3999] == 39990
-    assert src.issues("CUPTI_ACTIVITY_KIND_RUNTIME") == {"start": {"not_integer": 1}}
+    assert src.issues("CUPTI_ACTIVITY_KIND_RUNTIME") == {"start": {"nulled": 1}}
     monkeypatch.setenv("NSYSAN_NO_ADBC", "1")
     slow = SqliteSource(path)
     assert df.equals(slow.read("CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end"]))
-    assert slow.issues("CUPTI_ACTIVITY_KIND_RUNTIME") == {"start": {"not_integer": 1}}
+    assert slow.issues("CUPTI_ACTIVITY_KIND_RUNTIME") == {"start": {"nulled": 1}}
 
 
 def _frames(trace) -> dict[str, pl.DataFrame]:

@@ -287,8 +287,8 @@ class Adapter:
         `TEXT_COLUMNS`), whatever type the export declared: a column that holds only NULLs
         has no type in a Parquet file, and a third-party export can declare a timestamp
         TEXT or REAL. Integers written as text or as integral reals keep their value; other
-        values become NULL and are counted (``value_not_integer``), with what the source
-        itself read as NULL (`TableSource.issues`)."""
+        values become NULL and are counted (``value_not_integer``; ``value_not_text`` for a
+        text column), with what the source itself read as NULL (`TableSource.issues`)."""
         issues = self._table_issues.setdefault(table, {})
         source_issues = self.source.issues(table)
         fixes = []
@@ -297,7 +297,8 @@ class Adapter:
             counted = dict(source_issues.get(c, {}))
             if dtype != want:
                 fixes.append(_as_type(c, dtype, want))
-            issues[c] = {"value_not_integer": counted.get("not_integer", 0),
+            nulled = "value_not_text" if want == pl.String() else "value_not_integer"
+            issues[c] = {nulled: counted.get("nulled", 0),
                          "text_truncated": counted.get("truncated", 0)}
         if not fixes:
             return df
@@ -305,7 +306,8 @@ class Adapter:
         df = df.with_columns(fixes)
         after = df.null_count()
         for c in before.columns:
-            issues[c]["value_not_integer"] += int(after[c][0] - before[c][0])
+            nulled = "value_not_integer" if "value_not_integer" in issues[c] else "value_not_text"
+            issues[c][nulled] += int(after[c][0] - before[c][0])
         return df
 
     @property

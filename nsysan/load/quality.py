@@ -90,6 +90,8 @@ RULES: dict[str, QualityRule] = {
         "nulled", False,
         "a value in an integer column is text, a non-integral real or a blob: it is read as "
         "NULL (and a NULL timestamp then drops its row)"),
+    "value_not_text": QualityRule(
+        "nulled", False, "a value in a text column is a blob: it is read as NULL"),
     "text_truncated": QualityRule(
         "truncated", True,
         f"a text value longer than {MAX_TEXT_BYTES} bytes ({MAX_METADATA_TEXT_BYTES} in the "
@@ -351,24 +353,36 @@ def text_limit(table: str) -> int:
     return MAX_METADATA_TEXT_BYTES if table in METADATA_TABLES else MAX_TEXT_BYTES
 
 
+def readable_sql(column: str, dtype: pl.DataType | None) -> str:
+    """SQL that is true when ``column`` (quoted) holds a value the source can return as its
+    declared type (``dtype``: Int64 for INTEGER, Float64 for REAL, String for TEXT, None for
+    no type): SQLite is dynamically typed, so a column can hold values of any type."""
+    readable = {pl.Int64(): "('integer', 'null')", pl.Float64(): "('integer', 'real', 'null')"}
+    if dtype in readable:
+        return f"typeof({column}) IN {readable[dtype]}"
+    return f"typeof({column}) != 'blob'"  # text (and, untyped, numbers): anything but a blob
+
+
 def bounded_sql(table: str, column: str, dtype: pl.DataType | None) -> str:
     """The SQL that reads ``column`` (quoted) of ``table`` without materialising a hostile
-    value: INTEGER columns keep only integers (anything else is NULL, ``value_not_integer``);
-    text longer than the table's bound (`text_limit`) is cut on its bytes, read as a BLOB
-    (the text ``substr`` stops at the first NUL, and real environment strings hold NULs), at
-    a character boundary (`cut_point_sql`), and marked: so a cut value is longer than the
+    value: a value of another type than the column's (`readable_sql`: text, a
+    non-integral real or a blob in an INTEGER column, a blob in a TEXT column) is NULL (and
+    counted by the source, then as ``value_not_integer`` or ``value_not_text``); text longer
+    than the table's bound (`text_limit`) is cut on its bytes, read as a BLOB (the text
+    ``substr`` stops at the first NUL, and real environment strings hold NULs), at a
+    character boundary (`cut_point_sql`), and marked: so a cut value is longer than the
     bound, which is how `truncate_text` counts it."""
-    if dtype == pl.Int64():
-        return f"CASE WHEN typeof({column}) = 'integer' THEN {column} END"
+    readable = readable_sql(column, dtype)
+    if dtype == pl.Int64() or dtype == pl.Float64():
+        return f"CASE WHEN {readable} THEN {column} END"
     if dtype != pl.String() and dtype is not None:
         return column
     limit = text_limit(table)
     blob = f"CAST({column} AS BLOB)"
-    cut = (f"CASE WHEN length({blob}) > {limit} THEN CAST(substr({blob}, 1, "
-           f"{cut_point_sql(blob, limit)}) AS TEXT) || '{TRUNCATION_MARK}' ELSE {column} END")
-    if dtype is None:  # untyped: only text and blobs can be long
-        return f"CASE WHEN typeof({column}) IN ('text', 'blob') THEN {cut} ELSE {column} END"
-    return cut
+    cut = (f"CAST(substr({blob}, 1, {cut_point_sql(blob, limit)}) AS TEXT) || "
+           f"'{TRUNCATION_MARK}'")
+    return (f"CASE WHEN NOT ({readable}) THEN NULL WHEN typeof({column}) = 'text' AND "
+            f"length({blob}) > {limit} THEN {cut} ELSE {column} END")
 
 
 def cut_point_sql(blob: str, limit: int) -> str:

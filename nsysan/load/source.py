@@ -33,8 +33,8 @@ class TableSource(Protocol):
 
     def issues(self, table: str) -> dict[str, dict[str, int]]:
         """What the reads of ``table`` could not return as stored, per column and kind
-        (``not_integer``: a value of an integer column read as NULL; ``truncated``: text cut
-        to `nsysan.load.quality.text_limit` bytes). See docs/data-quality.md."""
+        (``nulled``: a value of another type than its column's, read as NULL; ``truncated``:
+        text cut to `nsysan.load.quality.text_limit` bytes). See docs/data-quality.md."""
         ...
 
     def close(self) -> None: ...

@@ -15,10 +15,10 @@ fit becomes null instead of an error, whichever path read it.
 Hostile values are bounded in SQL, before Python or polars sees them (docs/data-quality.md):
 text longer than `quality.text_limit` bytes is cut in the query (on its bytes, as a BLOB: the
 text ``substr`` stops at the first NUL, and real environment strings hold NULs; at a character
-boundary: `quality.bounded_sql`), and on the row path a value of an INTEGER column that is
-not an integer is read as NULL by a ``CASE`` on its ``typeof``, so neither a 200 MB name nor a
-200 MB text in a timestamp column is ever materialised. Both are counted per column
-(`issues`)."""
+boundary: `quality.bounded_sql`), and a value of another type than its column's (text or a
+non-integral real in an INTEGER column, a blob in a TEXT one) is read as NULL by a ``CASE`` on
+its ``typeof`` (`quality.readable_sql`), so neither a 200 MB name nor a 200 MB text in a
+timestamp column is ever materialised. Both are counted per column (`issues`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
-from nsysan.load.quality import bounded_sql, text_limit, truncate_text
+from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
 
 FORMAT = "sqlite"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -179,7 +179,7 @@ class SqliteSource:
             )
         self._columns: dict[str, list[tuple[str, str]]] = {}
         self._counts: dict[str, int] | None = None
-        #: table -> column -> {"not_integer" | "truncated": values}, from the last read of it
+        #: table -> column -> {"nulled" | "truncated": values}, from the last read of it
         self._issues: dict[str, dict[str, dict[str, int]]] = {}
 
     def __repr__(self) -> str:
@@ -261,7 +261,8 @@ class SqliteSource:
 
     def issues(self, table: str) -> dict[str, dict[str, int]]:
         """Values of ``table`` that its reads could not return as stored: per column,
-        ``not_integer`` (read as NULL) and ``truncated`` (cut to `quality.text_limit`)."""
+        ``nulled`` (of another type than the column's, read as NULL) and ``truncated`` (cut
+        to `quality.text_limit`)."""
         return {c: dict(v) for c, v in self._issues.get(table, {}).items() if v}
 
     def _read_any(
@@ -270,12 +271,11 @@ class SqliteSource:
         if self.tables().get(table, 0) >= BULK_MIN_ROWS:
             bulk = self._read_bulk(table, columns, dtypes)
             if bulk is not None:
-                self._clean_ints(table, [c for c in columns if dtypes[c] == pl.Int64()])
                 return bulk
         ints = [c for c in columns if dtypes[c] == pl.Int64()]
         fast = self._read_ints(table, ints) if ints else None
         if fast is not None:
-            self._clean_ints(table, ints)
+            self._set_nulled(table, dict.fromkeys(ints, 0))  # ADBC found integers only
             rest = [c for c in columns if c not in fast.columns]
             if not rest:
                 return fast.select(columns)
@@ -284,27 +284,25 @@ class SqliteSource:
                 return fast.hstack(other).select(columns)
         return self._read_rows(table, columns, dtypes)
 
-    def _clean_ints(self, table: str, columns: list[str]) -> None:
-        """ADBC read these INTEGER columns, so every value was an integer or NULL."""
-        issues = self._issues.get(table, {})
-        for c in columns:
-            issues.get(c, {}).pop("not_integer", None)
+    def _set_nulled(self, table: str, counts: dict[str, int]) -> None:
+        issues = self._issues.setdefault(table, {})
+        for c, n in counts.items():
+            if n:
+                issues.setdefault(c, {})["nulled"] = int(n)
+            else:
+                issues.get(c, {}).pop("nulled", None)
 
-    def _count_not_integer(self, table: str, columns: list[str]) -> None:
-        """Count, per INTEGER column, the values the row path reads as NULL because SQLite
-        stored them with another type (one aggregate scan, only on that path)."""
-        if not columns:
-            return
+    def _count_nulled(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> None:
+        """Count, per column, the values the row path reads as NULL because SQLite stored
+        them with another type than the column's (`quality.bounded_sql`): one aggregate scan,
+        in C, only on that path."""
         sums = ", ".join(
-            f"coalesce(sum(typeof({_quote(c)}) NOT IN ('integer', 'null')), 0)" for c in columns
+            f"coalesce(sum(NOT ({readable_sql(_quote(c), dtypes[c])})), 0)" for c in columns
         )
         (counts,) = self._con.execute(f"SELECT {sums} FROM {_quote(table)}").fetchall()
-        issues = self._issues.setdefault(table, {})
-        for c, n in zip(columns, counts, strict=True):
-            if n:
-                issues.setdefault(c, {})["not_integer"] = int(n)
-            else:
-                issues.get(c, {}).pop("not_integer", None)
+        self._set_nulled(table, dict(zip(columns, counts, strict=True)))
 
     def _read_rows(
         self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
@@ -316,7 +314,7 @@ class SqliteSource:
         sql = f"SELECT {select} FROM {_quote(table)}"
         with self._lock:
             try:
-                self._count_not_integer(table, [c for c in columns if dtypes[c] == pl.Int64()])
+                self._count_nulled(table, columns, dtypes)
                 chunks = self._fetch(sql, columns, dtypes)
             except sqlite3.OperationalError as exc:
                 if "decode" not in str(exc):
@@ -395,7 +393,8 @@ class SqliteSource:
                 flags[c] = f"_nsysan_null_{i}"
                 bounded = bounded_sql(table, _quote(c), dtypes[c])
                 select += [f"coalesce({bounded}, '') AS {_quote(c)}",
-                           f"{_quote(c)} IS NULL AS {flags[c]}"]
+                           f"CASE typeof({_quote(c)}) WHEN 'null' THEN 1 WHEN 'blob' THEN 2 "
+                           f"ELSE 0 END AS {flags[c]}"]
             else:
                 select.append(_quote(c))
         sql = f"SELECT {', '.join(select)} FROM {_quote(table)}"
@@ -422,6 +421,9 @@ class SqliteSource:
             df.schema[c] not in (dtypes[c], pl.Null()) for c in columns
         ):
             return None
+        # ADBC fails on any other value of a number column, so only text can have been nulled
+        self._set_nulled(table, {c: int((df[f] == 2).sum()) if c in flags else 0
+                                 for c, f in [(c, flags.get(c, "")) for c in columns]})
         return df.select(
             pl.when(pl.col(flags[c]) == 0).then(pl.col(c)).alias(c) if c in flags
             else pl.col(c).cast(dtypes[c]) for c in columns
