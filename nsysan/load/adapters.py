@@ -14,7 +14,8 @@ streams, processes, threads, meta) in `adapters_info`.
 Mapping rules (documented here because they are choices, not nsys facts):
 
 - ``gpu_ops`` rows with ``start == end == 0`` are dropped: CUPTI writes 0 for a timestamp it could
-  not collect, and such a row has no place on the timeline.
+  not collect, and such a row has no place on the timeline (counted as ``unrecorded``, like
+  every rule of the data-quality contract: `nsysan.load.quality`, docs/data-quality.md).
 - memcpy ``op_class`` by ``copyKind``: 1 HtoD, 3 HtoA, 11 unified HtoD -> ``memcpy_h2d``;
   2 DtoH, 4 AtoH, 12 unified DtoH -> ``memcpy_d2h``; 10 PtoP -> ``memcpy_p2p``; everything that
   crosses no host-device link or whose direction is unknown (8 DtoD, 13 unified DtoD, the
@@ -55,7 +56,7 @@ CUDA_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME)
 COMMON_COLUMNS = ("start", "end", "deviceId", "streamId")
 #: columns nsys always writes in those tables that an analysis can do without: a minimal
 #: (third-party) export may lack them; they then default to NULL (globalPid: see
-#: `Adapter.single_process`) and are counted as ``column_defaulted``
+#: `Adapter.default_process`) and are counted as ``column_defaulted``
 DEFAULTED_COLUMNS: dict[str, pl.DataType] = {
     "contextId": pl.Int64(), "correlationId": pl.Int64(), "globalPid": pl.Int64(),
 }
@@ -80,8 +81,15 @@ FRAME_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
     "threads": (("ThreadNames",), "the export has no thread names"),
 }
 
-#: every raw table a frame of `FRAME_SOURCES` is built from
-_FRAME_TABLES = frozenset(t for raw, _ in FRAME_SOURCES.values() for t in raw)
+#: the raw tables whose column issues (`Adapter.read`) count in each frame's data-quality
+#: entry: each table belongs to one frame, whichever frame happens to read it first
+QUALITY_TABLES: dict[str, tuple[str, ...]] = {
+    **{frame: raw for frame, (raw, _) in FRAME_SOURCES.items()},
+    "gpu_ops": (*FRAME_SOURCES["gpu_ops"][0], "ENUM_CUDA_MEM_KIND"),
+    "gpus": (*FRAME_SOURCES["gpus"][0], "TARGET_INFO_CUDA_GPU"),
+    "meta": ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE", "ANALYSIS_DETAILS",
+             "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"),
+}
 
 LAZY_HINT = "a lazy export also omits a table when nothing of that kind was recorded"
 
@@ -394,9 +402,8 @@ class Adapter:
         builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
         df = builder(self)
         df = df if df is not None else schemas.empty(schemas.CANONICAL[frame])
-        tables = list(FRAME_SOURCES[frame][0]) if frame in FRAME_SOURCES else sorted(
-            t for t in self._table_issues if t != "StringIds" and t not in _FRAME_TABLES)
-        self._record(frame, self._quality.pop(frame, FrameQuality()), tables, df.height)
+        self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
+                     df.height)
         return df
 
 

@@ -156,7 +156,7 @@ class Session:
         if self.duration_ns is None or self.shifted:
             return None
         slack = max(self.duration_ns, MIN_SLACK_NS)
-        return -slack, self.duration_ns + slack
+        return max(-slack, -ABSURD_NS), min(self.duration_ns + slack, ABSURD_NS)
 
 
 def data_window(starts: pl.Series, ends: pl.Series) -> tuple[int, int]:
