@@ -61,15 +61,17 @@ def declared(path: Path, table: str) -> list[tuple[str, str]]:
 
 
 def relax(path: Path, table: str, types: dict[str, str] | None = None) -> None:
-    """Recreate ``table`` without NOT NULL and keys (a third-party export may have none), in
-    the same row order; ``types`` redeclares columns (``{"start": "TEXT"}``, ``""``: none)."""
+    """Recreate ``table`` without NOT NULL and keys (a third-party export may have none), with
+    the same rows and rowids; ``types`` redeclares columns (``{"start": "TEXT"}``, ``""``:
+    none)."""
     cols = declared(path, table)
     decl = ", ".join(f'"{c}" {(types or {}).get(c, t)}' for c, t in cols)
     names = ", ".join(f'"{c}"' for c, _ in cols)
     execute(
         path,
         f'CREATE TABLE "_relaxed" ({decl})',
-        f'INSERT INTO "_relaxed" ({names}) SELECT {names} FROM "{table}" ORDER BY rowid',
+        f'INSERT INTO "_relaxed" (rowid, {names}) SELECT rowid, {names} FROM "{table}" '
+        "ORDER BY rowid",
         f'DROP TABLE "{table}"',
         f'ALTER TABLE "_relaxed" RENAME TO "{table}"',
     )
