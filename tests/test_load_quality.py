@@ -446,3 +446,38 @@ def test_real_traces_have_no_impossible_rows(shared_traces: Path, rel: str) -> N
     touched = {k: q for k, q in trace.meta.quality_summary().items()
                if q["rules"] or q["notes"]}
     assert touched == {}
+
+
+def test_twins_equal_but_for_other_columns_keep_the_same_row_whatever_the_order(
+    tmp_path: Path,
+) -> None:
+    # same times and name, another return value: the content decides which is kept
+    one, two = _pair(tmp_path, LAYERS)
+    twin = (f"INSERT INTO {RUNTIME} SELECT start, end, eventClass, globalTid, correlationId, "
+            f"nameId, returnValue + 7, callchainId FROM {RUNTIME} WHERE nameId = {_LAUNCH}")
+    execute(one, twin)
+    execute(two, f"CREATE TABLE c AS SELECT * FROM {RUNTIME}", f"DELETE FROM {RUNTIME}", twin
+            .replace(f"FROM {RUNTIME}", "FROM c"), f"INSERT INTO {RUNTIME} SELECT * FROM c",
+            "DROP TABLE c")
+    a, b = frames(one)["cuda_api"], frames(two)["cuda_api"]
+    assert_frame_equal(a, b)
+    assert a.filter(pl.col("return_value") != 0).is_empty()
+
+
+def test_a_notes_file_without_counts_is_rebuilt(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache file in the former layout (a plain list of notes) or damaged is never trusted
+    for counts: the frame is built again from the export."""
+    from nsysan.load import cache
+
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    broken = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    execute(broken, f"UPDATE {KERNEL} SET end = start - 1 WHERE rowid = 7")
+    open_trace(broken, cache_dir=tmp_path / "c", frame_cache=True).frame("gpu_ops")
+    cache.flush()
+    (notes,) = (tmp_path / "c").rglob("gpu_ops.notes.json")
+    notes.write_text("[]")
+    again = open_trace(broken, cache_dir=tmp_path / "c", frame_cache=True)
+    again.frame("gpu_ops")
+    assert again.meta.quality["gpu_ops"]["rules"] == {
+        "negative_duration": {"action": "dropped", "rows": 1}}

@@ -288,16 +288,20 @@ def drop_duplicate_correlations(
     end: str, name: str,
 ) -> pl.DataFrame:
     """Keep one CUDA API row per (process, correlation id) (``duplicate_correlation``): the
-    innermost (latest start, then earliest end, then smallest name), which is the call the GPU
-    op was launched by; nsys's nvtxgpuproj counts the op once, as this leaves it."""
+    innermost (latest start, then earliest end, then smallest name, then the smallest values
+    of the other columns in order, so that the row order of the export never decides), which
+    is the call the GPU op was launched by; nsys's nvtxgpuproj counts the op once, as this
+    leaves it."""
     dup = _duplicated_keys(df, process, correlation)
     if dup.is_empty():
         return df
     key = [process, correlation]
+    order = [*key, start, end, name]
+    order += [c for c in df.columns if c not in order]
     group = (
         df[dup].with_columns(_row=dup)
-        .sort([*key, start, end, name, "_row"], descending=[False, False, True, False, False,
-                                                           False], nulls_last=True)
+        .sort([*order, "_row"], descending=[c == start for c in [*order, "_row"]],
+              nulls_last=True)
     )
     drop = group.filter(pl.struct(key).is_first_distinct().not_())["_row"]
     quality.add("duplicate_correlation", drop.len())
