@@ -6,9 +6,9 @@ blob, huge and negative values, tables dropped or written twice, columns dropped
 with another type, StringIds ids doubled, launch calls given nested twins. For every mutation
 either nsysan reads the export, its frames equal those of the same export repaired by an
 independent oracle (`fuzz_oracle.repair`: the rules of docs/data-quality.md written out row by
-row in plain Python) and every repaired row is counted, or it refuses with one `NsysanError`; through
-the CLI, exit 0 with complete outputs or exit 1 with one ``Error:`` line, never a traceback, a
-partial output or a change outside the output folder.
+row in plain Python) and every repaired row is counted, or it refuses with one `NsysanError`;
+through the CLI, exit 0 with complete outputs or exit 1 with one ``Error:`` line, never a
+traceback, a partial output or a change outside the output folder.
 
 Reproducible in CI: ``derandomize=True``, and a bounded number of examples
 (``NSYSAN_FUZZ_EXAMPLES`` raises it for a long local run).

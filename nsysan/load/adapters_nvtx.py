@@ -95,9 +95,9 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
     duration = adapter.duration_ns
     if duration is None:
         # no ANALYSIS_DETAILS (2020.x exports): the last NVTX timestamp is the best session end
-        # (of every row but the events the data-quality rules dropped)
-        kept = raw.filter(~pl.col("eventType").is_in(list(STYLE_OF_EVENT_TYPE))
-                          | pl.col("row").is_in(ev["row"].implode()))
+        # (of the other rows and of the events the data-quality rules kept)
+        kept = pl.concat([raw.join(styles, on="eventType", how="anti").select("start", "end"),
+                          ev.select("start", "end")])
         sane = [pl.col(c).filter(pl.col(c).abs() < ABSURD_NS).max() for c in ("start", "end")]
         last = kept.select(pl.max_horizontal(sane)).item()
         duration = int(last) if last is not None else 0
