@@ -370,11 +370,13 @@ def test_duplicate_launch_rows_match_nsys_nvtxgpuproj(
     report = tmp_path / "o_nvtxgpuproj.csv"
     assert report.is_file(), done.stdout + done.stderr
     rows = list(csv.DictReader(report.open()))
-    oracle = {int(r["RangeId"]): (int(r["NumGPUOps"]), int(r["Projected Start (ns)"]))
-              for r in rows}
+    # ranges matched by (name, start): range ids need not be nsys's row ids
+    oracle = {(r["Name"].split(":")[-1], int(r["Orig Start (ns)"])):
+              (int(r["NumGPUOps"]), int(r["Projected Start (ns)"])) for r in rows}
     attribution = nsysan.analyze(twins).table("attribution")
-    ours = {rid: (n, s) for rid, n, s in attribution.filter(pl.col("n_gpu_ops") > 0)
-            .select("range_id", "n_gpu_ops", "proj_start_ns").iter_rows()}
+    ours = {(name, start): (n, s) for name, start, n, s in attribution
+            .filter(pl.col("n_gpu_ops") > 0)
+            .select("name", "cpu_start_ns", "n_gpu_ops", "proj_start_ns").iter_rows()}
     assert oracle and ours == oracle
 
 

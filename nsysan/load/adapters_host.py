@@ -34,9 +34,9 @@ from nsysan.load.quality import (
 
 
 def _clean(adapter: Adapter, quality: FrameQuality, df: pl.DataFrame) -> pl.DataFrame:
-    """Rows without an impossible timestamp or an exact copy, sorted by (start, end)."""
+    """Rows without an impossible timestamp or an exact copy (row order kept: each frame
+    sorts where it always did, so that ties are ordered by the same columns)."""
     df = drop_impossible(df, quality, adapter.session)
-    df = sort_by_time(df, "start", "end")
     return drop_duplicate_rows(df, quality, start="start")
 
 
@@ -53,7 +53,7 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
     # Sort the integer rows first (fewer columns to move); then classify each distinct
     # name once (regexes on hundreds of names, not on every call) and map the results
     # back through one lookup index: a join would copy the whole frame once more.
-    df = _clean(adapter, quality, df)
+    df = sort_by_time(_clean(adapter, quality, df), "start", "end")
     names = adapter.resolve(df.select("nameId").unique(), "nameId", "raw_name")
     name = pl.col("raw_name").str.replace(VERSION_SUFFIX, "")
     api_class = pl.lit("other")
@@ -126,8 +126,8 @@ def build_sync(adapter: Adapter) -> pl.DataFrame | None:
         correlation_id="correlationId",
         sync_type=pl.col("sync_type").fill_null(pl.lit("unknown")),
     )
-    df = _sync_type_from_api(adapter, df)  # its joins keep the (start, end) order of _clean
-    return adapter.finish(df, schemas.SYNC)
+    df = _sync_type_from_api(adapter, df)
+    return adapter.finish(sort_by_time(df), schemas.SYNC)
 
 
 def _sync_type_from_api(adapter: Adapter, df: pl.DataFrame) -> pl.DataFrame:
@@ -180,7 +180,7 @@ def build_osrt(adapter: Adapter) -> pl.DataFrame | None:
         tid=tid_of("globalTid"),
         name="name",
     )
-    return adapter.finish(df, schemas.OSRT)
+    return adapter.finish(sort_by_time(df), schemas.OSRT)
 
 
 def build_overhead(adapter: Adapter) -> pl.DataFrame | None:
@@ -196,4 +196,4 @@ def build_overhead(adapter: Adapter) -> pl.DataFrame | None:
         pid=pid_of("globalTid"),
         name="name",
     )
-    return adapter.finish(df, schemas.OVERHEAD)
+    return adapter.finish(sort_by_time(df), schemas.OVERHEAD)
