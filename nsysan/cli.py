@@ -150,6 +150,16 @@ def _render_schema(info: dict[str, Any]) -> str:
             lines.append(f"  {name:<10} yes  {feeds}")
         else:
             lines.append(f"  {name:<10} no   {frame['missing']}")
+        if frame.get("error"):
+            lines.append(f"  {'':<10}      cannot be built: {frame['error']}")
+    quality = [(name, rule, entry) for name, q in info.get("quality", {}).items()
+               for rule, entry in q["rules"].items()]
+    lines.append("quality:" + ("" if quality else "   no row repaired or dropped"))
+    lines += [f"  {name:<10} {rule}: {entry['rows']} {entry['action']}"
+              + (f" ({', '.join(entry['columns'])})" if entry.get("columns") else "")
+              for name, rule, entry in quality]
+    lines += [f"  {name:<10} {note}" for name, q in info.get("quality", {}).items()
+              for note in q["notes"]]
     if info["notes"]:
         lines.append("notes:")
         lines += [f"  - {note}" for note in info["notes"]]

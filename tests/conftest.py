@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces"
+#: ../shared/traces, or $NSYSAN_SHARED_TRACES (a checkout that is not beside shared/, e.g. a
+#: git worktree)
+SHARED_TRACES = Path(os.environ.get("NSYSAN_SHARED_TRACES") or REPO_ROOT.parent / "shared"
+                     / "traces")
 #: parameter used in place of shared-trace paths when none are found, so that a parametrized
 #: test still runs once and its `shared_traces` fixture skips (or fails under CI)
 NO_SHARED = "<no shared traces>"

@@ -360,6 +360,29 @@ _SPECS = (
         nothing_found="Every kernel launch has its GPU record.",
         needs=("gpu_ops", "cuda_api"),
     ),
+    FindingSpec(
+        code="CAPTURE_DATA_QUALITY",
+        title="Impossible, duplicate or malformed rows repaired or dropped",
+        layer="capture",
+        severity_rule=(
+            "Whenever a data-quality rule (docs/data-quality.md) took rows of a frame the "
+            "analysis read: info when only exact copies, duplicate launch rows, cut names or "
+            "defaulted columns, or when the impossible rows (NULL or non-integer timestamps, "
+            "end before start, outside the session, conflicting string ids) are < 1% of "
+            "their frame; warning >= 1%, critical >= 10%."
+        ),
+        advice=(
+            "Re-export the report with `nsys export` (a third-party tool that sliced or "
+            "synthesised the file may have damaged it); where the file is the original "
+            "export, the numbers describe the remaining rows: check the dropped counts in "
+            "manifest.json (\"quality\") before trusting small differences."
+        ),
+        quick_check=(
+            "`nsysan schema TRACE` lists the rules and counts; in SQLite, e.g. "
+            "`SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE end < start`."
+        ),
+        nothing_found="Every row of the export is possible: no data-quality rule applied.",
+    ),
 )
 
 # Job-level findings (several rank profiles at once), emitted by nsysan.multirank.

@@ -77,6 +77,12 @@ class FindingParams:
     # --- CAPTURE_TRUNCATED -----------------------------------------------------------------
     lost_warn_frac: float = 0.01
 
+    # --- CAPTURE_DATA_QUALITY --------------------------------------------------------------
+    #: Share of a frame's rows that the data-quality rules dropped or nulled for being
+    #: impossible (exact copies and cut names do not count: they change no timing).
+    quality_warn_frac: float = 0.01
+    quality_crit_frac: float = 0.10
+
     # --- verdict ---------------------------------------------------------------------------
     #: A non-compute bottleneck becomes the verdict when it takes at least this share of
     #: device time (removing it would speed the step up by >= 25%) and more than any other.

@@ -44,6 +44,8 @@ RULES: dict[str, Rule] = {
     "CUDA_GRAPH_NO_NODES": rules_capture.graphs_without_nodes,
     "NVTX_UNTERMINATED": rules_capture.nvtx_unterminated,
     "CAPTURE_TRUNCATED": rules_capture.truncated,
+    # last: it reads the data-quality counts of every frame the rules before it loaded
+    "CAPTURE_DATA_QUALITY": rules_capture.data_quality,
 }
 
 

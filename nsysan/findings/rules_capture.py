@@ -17,6 +17,7 @@ from nsysan.findings.evidence import (
     window,
     windows_from,
 )
+from nsysan.load.quality import RULES as QUALITY_RULES
 from nsysan.passes import op_link
 from nsysan.passes.base import Finding
 from nsysan.passes.op_keys import OP_KEY, join_on_op
@@ -185,3 +186,61 @@ def truncated(ctx: Context) -> list[Finding]:
     wins = [window(int(lost["start_ns"].min()), int(lost["end_ns"].max()),
                    "launches without GPU records")]
     return [make_finding("CAPTURE_TRUNCATED", sev, msg, evidence(metrics, wins, offenders))]
+
+
+def data_quality(ctx: Context) -> list[Finding]:
+    """CAPTURE_DATA_QUALITY: rows the data-quality rules (`nsysan.load.quality`) repaired or
+    dropped in the frames this analysis read; severity by the share of a frame's rows that
+    were impossible (lost), the worst frame deciding."""
+    p = ctx.params
+    quality = ctx.trace.meta.quality_summary()
+    taken = [(frame, rule, e) for frame, q in quality.items() for rule, e in q["rules"].items()]
+    notes = [f"{frame}: {note}" for frame, q in quality.items() for note in q["notes"]]
+    if not taken and not notes:
+        return []
+    worst, worst_frame = 0.0, None
+    for frame, q in quality.items():
+        lost = sum(_lost_rows(rule, e) for rule, e in q["rules"].items())
+        seen = q["rows"] + sum(e["rows"] for e in q["rules"].values() if e["action"] == "dropped")
+        share = min(lost / seen, 1.0) if seen else 0.0
+        if lost and (worst_frame is None or share > worst):
+            worst, worst_frame = share, frame
+    sev = ("critical" if worst >= p.quality_crit_frac
+           else "warning" if worst >= p.quality_warn_frac else "info")
+    by_rows = sorted(taken, key=lambda t: (-t[2]["rows"], t[0], t[1]))
+    offenders = [
+        offender("table", f"{frame}: {rule}", e["rows"], "count", count=e["rows"],
+                 detail=f"{e['action']}: {QUALITY_RULES[rule].summary}" if rule in QUALITY_RULES
+                 else e["action"])
+        for frame, rule, e in by_rows[: p.top_n]
+    ]
+    metrics = [
+        metric("n_dropped", "rows dropped",
+               sum(e["rows"] for _, _, e in taken if e["action"] == "dropped"), "count"),
+        metric("n_repaired", "values repaired (nulled, cut or defaulted)",
+               sum(e["rows"] for _, _, e in taken if e["action"] != "dropped"), "count"),
+        metric("lost_frac", "largest share of a frame's rows lost", worst, "frac"),
+    ]
+    what = "; ".join(f"{frame} {e['rows']} {rule} ({e['action']})" for frame, rule, e in by_rows)
+    msg = (f"The export holds rows no capture can produce, handled by the data-quality rules "
+           f"(docs/data-quality.md): {what or 'see the notes'}.")
+    if worst_frame is not None:
+        msg += (f" Impossible rows are {fmt_frac(worst)} of {worst_frame}: results describe "
+                f"the remaining rows.")
+    else:
+        msg += " No timing was lost: the results equal those of a clean export."
+    if notes:
+        msg += " " + " ".join(notes)
+    return [make_finding("CAPTURE_DATA_QUALITY", sev, msg, evidence(metrics, [], offenders))]
+
+
+def _lost_rows(rule: str, entry: dict) -> int:
+    """Rows whose timing or identity the rule lost: the lossy rules' rows, except NULLed
+    timestamps (their row is then dropped, and counted, by ``missing_timestamp``)."""
+    spec = QUALITY_RULES.get(rule)
+    if spec is not None and spec.lossless:
+        return 0
+    if rule == "value_not_integer":
+        columns = entry.get("columns", {})
+        return sum(n for c, n in columns.items() if c.rsplit(".", 1)[-1] not in ("start", "end"))
+    return int(entry["rows"])

@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -31,6 +32,19 @@ class TraceMeta:
     capture: dict[str, list[str]] = field(default_factory=dict)  # capture settings (multimap)
     missing: dict[str, str] = field(default_factory=dict)  # canonical frame -> why it is empty
     notes: list[str] = field(default_factory=list)  # other caveats found while loading
+    #: timestamps were shifted at export (--ts-normalize / --ts-shift)
+    time_shifted: bool = False
+    #: the data-quality counts of every frame built so far (`nsysan.load.quality`): frame (or
+    #: ``strings``, the StringIds lookup) -> {rows, rules: {rule: {action, rows, columns?}},
+    #: notes}; see docs/data-quality.md
+    quality: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def quality_summary(self) -> dict[str, dict[str, Any]]:
+        """`quality` in a fixed order (canonical frames, then ``strings``), whatever order
+        the frames were built in: what manifest.json and ``nsysan schema`` show."""
+        order = [*schemas.CANONICAL, "strings"]
+        known = [k for k in order if k in self.quality]
+        return {k: self.quality[k] for k in [*known, *sorted(set(self.quality) - set(known))]}
 
 
 FrameLoader = Callable[[str], pl.DataFrame]

@@ -144,6 +144,7 @@ def open_trace(
         recorded_version=recorded,
         session_start_utc_ns=info["session_start_utc_ns"],
         duration_ns=info["duration_ns"],
+        time_shifted=info["time_shifted"],
         tables=tables,
         capture=info["capture"],
         missing=missing,

@@ -6,14 +6,16 @@ table (lazy exports omit empty ones) becomes an empty frame plus an entry in
 `TraceMeta.missing` saying what was not captured and how to capture it.
 
 This module holds what every adapter shares (the `Adapter` with its cached string and enum
-lookups, the table registry) and the CUDA API, sync, OS runtime and overhead frames; GPU
-operations are in `adapters_gpu`, NVTX in `adapters_nvtx`, the descriptive frames (GPUs,
+lookups, the table registry, the column reader that applies the data-quality contract of
+`nsysan.load.quality`); GPU operations are in `adapters_gpu`, the CUDA API, sync, OS runtime
+and overhead frames in `adapters_host`, NVTX in `adapters_nvtx`, the descriptive frames (GPUs,
 streams, processes, threads, meta) in `adapters_info`.
 
 Mapping rules (documented here because they are choices, not nsys facts):
 
 - ``gpu_ops`` rows with ``start == end == 0`` are dropped: CUPTI writes 0 for a timestamp it could
-  not collect, and such a row has no place on the timeline.
+  not collect, and such a row has no place on the timeline (counted as ``unrecorded``, like
+  every rule of the data-quality contract: `nsysan.load.quality`, docs/data-quality.md).
 - memcpy ``op_class`` by ``copyKind``: 1 HtoD, 3 HtoA, 11 unified HtoD -> ``memcpy_h2d``;
   2 DtoH, 4 AtoH, 12 unified DtoH -> ``memcpy_d2h``; 10 PtoP -> ``memcpy_p2p``; everything that
   crosses no host-device link or whose direction is unknown (8 DtoD, 13 unified DtoD, the
@@ -42,6 +44,7 @@ from nsysan.errors import SchemaError
 from nsysan.frames import schemas
 from nsysan.frames.order import break_ties
 from nsysan.frames.trace import TraceMeta
+from nsysan.load.quality import FrameQuality, Session, clean_strings
 from nsysan.load.source import TableSource
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -50,8 +53,14 @@ MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 SYNCHRONIZATION = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 CUDA_TABLES = (KERNEL, MEMCPY, MEMSET, RUNTIME)
-#: columns every CUPTI activity table shares
-COMMON_COLUMNS = ("start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid")
+#: columns every CUPTI activity table shares and an analysis needs
+COMMON_COLUMNS = ("start", "end", "deviceId", "streamId")
+#: columns nsys always writes in those tables that an analysis can do without: a minimal
+#: (third-party) export may lack them; they then default to NULL (globalPid: see
+#: `Adapter.default_process`) and are counted as ``column_defaulted``
+DEFAULTED_COLUMNS: dict[str, pl.DataType] = {
+    "contextId": pl.Int64(), "correlationId": pl.Int64(), "globalPid": pl.Int64(),
+}
 
 #: canonical frame -> (raw tables it is built from, how to capture them)
 FRAME_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -71,6 +80,16 @@ FRAME_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
     "streams": (("TARGET_INFO_CUDA_STREAM",), "was the profile captured with `--trace=cuda`?"),
     "processes": (("PROCESSES",), "the export has no process list (nsys 2020.x exports lack it)"),
     "threads": (("ThreadNames",), "the export has no thread names"),
+}
+
+#: the raw tables whose column issues (`Adapter.read`) count in each frame's data-quality
+#: entry: each table belongs to one frame, whichever frame happens to read it first
+QUALITY_TABLES: dict[str, tuple[str, ...]] = {
+    **{frame: raw for frame, (raw, _) in FRAME_SOURCES.items()},
+    "gpu_ops": (*FRAME_SOURCES["gpu_ops"][0], "ENUM_CUDA_MEM_KIND"),
+    "gpus": (*FRAME_SOURCES["gpus"][0], "TARGET_INFO_CUDA_GPU"),
+    "meta": ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE", "ANALYSIS_DETAILS",
+             "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"),
 }
 
 LAZY_HINT = "a lazy export also omits a table when nothing of that kind was recorded"
@@ -212,25 +231,50 @@ class Adapter:
     #: the owning Trace's cached frame getter (set by `open_trace`), so a frame that needs
     #: another frame (sync needs cuda_api) reuses it instead of reading the source twice
     frame: Callable[[str], pl.DataFrame] | None = field(default=None, repr=False)
+    #: the data-quality counts of each frame while it is built (`quality`)
+    _quality: dict[str, FrameQuality] = field(default_factory=dict, repr=False)
+    #: raw table -> column -> {rule: values}: what `read` found in the columns themselves
+    _table_issues: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict,
+                                                                 repr=False)
 
     @property
     def duration_ns(self) -> int | None:
-        return self.meta.duration_ns if self.meta is not None else None
+        """The session length when the export records a usable one (`Session.of`)."""
+        return self.session.duration_ns
+
+    @property
+    def session(self) -> Session:
+        """The session the export records, as the outside-session rule reads it."""
+        meta = self.meta
+        if meta is None:
+            return Session(None)
+        return Session.of(meta.duration_ns, meta.time_shifted)
 
     def note(self, text: str) -> None:
         if self.meta is not None and text not in self.meta.notes:
             self.meta.notes.append(text)
+
+    def quality(self, frame: str) -> FrameQuality:
+        """The data-quality counts of ``frame`` (being built): rules record into it."""
+        return self._quality.setdefault(frame, FrameQuality())
 
     # -- shared helpers ------------------------------------------------------------------------
     def has(self, table: str) -> bool:
         return bool(self.source.columns(table))
 
     def read(
-        self, table: str, required: list[str], optional: Mapping[str, pl.DataType] | None = None
+        self,
+        table: str,
+        required: list[str],
+        optional: Mapping[str, pl.DataType] | None = None,
+        defaulted: Mapping[str, pl.DataType] | None = None,
     ) -> pl.DataFrame:
-        """``required`` columns (SchemaError when one is absent) plus the ``optional`` ones the
-        table has; optional columns it lacks come back as typed nulls."""
-        optional = optional or {}
+        """``required`` columns (SchemaError when one is absent) plus the ``optional`` and
+        ``defaulted`` ones the table has; those it lacks come back as typed nulls. Optional
+        columns are absent from some nsys versions; defaulted ones nsys always writes, so
+        their absence is counted (``column_defaulted``). Every column comes back with the
+        type the adapters expect (`_typed`)."""
+        optional = {**(optional or {}), **(defaulted or {})}
         have = set(self.source.columns(table))
         lacking = [c for c in required if c not in have]
         if lacking:
@@ -239,29 +283,80 @@ class Adapter:
                 f"export is incomplete or from an unsupported exporter — re-export the report"
             )
         present = [c for c in optional if c in have]
-        df = self.source.read(table, required + present)
-        # A column that holds only NULLs has no type in a Parquet file (polars reads it as
-        # Null); give it the type joins and the schema expect.
-        df = df.with_columns(
-            pl.col(c).cast(optional.get(c) or (pl.String if c in TEXT_COLUMNS else pl.Int64))
-            for c, dtype in df.schema.items()
-            if dtype == pl.Null
-        )
+        df = self._typed(table, self.source.read(table, required + present), optional)
+        issues = self._table_issues.setdefault(table, {})
+        for c in defaulted or {}:
+            if c not in have:
+                issues[c] = {"column_defaulted": df.height}
         return df.with_columns(
             pl.lit(None, dtype=dtype).alias(c) for c, dtype in optional.items() if c not in have
         )
 
+    def _typed(self, table: str, df: pl.DataFrame, declared: Mapping[str, pl.DataType]
+               ) -> pl.DataFrame:
+        """``df`` with every column of the type the adapters expect (Int64, or String for
+        `TEXT_COLUMNS`), whatever type the export declared: a column that holds only NULLs
+        has no type in a Parquet file, and a third-party export can declare a timestamp
+        TEXT or REAL. Integers written as text or as integral reals keep their value; other
+        values become NULL and are counted (``value_not_integer``; ``value_not_text`` for a
+        text column), with what the source itself read as NULL (`TableSource.issues`)."""
+        issues = self._table_issues.setdefault(table, {})
+        source_issues = self.source.issues(table)
+        fixes = []
+        for c, dtype in df.schema.items():
+            want = declared.get(c) or (pl.String() if c in TEXT_COLUMNS else pl.Int64())
+            counted = dict(source_issues.get(c, {}))
+            if dtype != want:
+                fixes.append(_as_type(c, dtype, want))
+            nulled = "value_not_text" if want == pl.String() else "value_not_integer"
+            issues[c] = {nulled: counted.get("nulled", 0),
+                         "text_truncated": counted.get("truncated", 0)}
+        if not fixes:
+            return df
+        before = df.null_count()
+        df = df.with_columns(fixes)
+        after = df.null_count()
+        for c in before.columns:
+            nulled = "value_not_integer" if "value_not_integer" in issues[c] else "value_not_text"
+            issues[c][nulled] += int(after[c][0] - before[c][0])
+        return df
+
     @property
     def strings(self) -> pl.DataFrame:
-        """StringIds as (id, value); read once per trace."""
+        """StringIds as (id, value), one value per id (`quality.clean_strings`); read once
+        per trace, its counts recorded as the ``strings`` entry of ``TraceMeta.quality``."""
         if self._strings is None:
             if self.has("StringIds"):
-                self._strings = self.read("StringIds", ["id", "value"]).with_columns(
-                    pl.col("id").cast(pl.Int64), pl.col("value").cast(pl.String)
-                )
+                quality = FrameQuality()
+                strings = clean_strings(self.read("StringIds", ["id", "value"]), quality)
+                self._record("strings", quality, ["StringIds"], strings.height)
+                self._strings = strings
             else:
                 self._strings = pl.DataFrame(schema={"id": pl.Int64, "value": pl.String})
         return self._strings
+
+    def _record(self, frame: str, quality: FrameQuality, tables: list[str], rows: int) -> None:
+        """Store the counts of ``frame`` in ``meta.quality``, with the column issues `read`
+        found in ``tables``."""
+        for table in tables:
+            for column, counts in sorted(self._table_issues.get(table, {}).items()):
+                for rule, n in counts.items():
+                    quality.add(rule, n, f"{table}.{column}")
+        if self.meta is not None:
+            self.meta.quality[frame] = quality.to_dict(rows)
+
+    def default_process(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Rows of an activity table without ``globalPid`` (a minimal export) belong to the
+        capture's only process with CUDA API calls when it has one; otherwise (no calls,
+        several processes) they stay NULL and join no API call."""
+        if df.is_empty() or df["globalPid"].null_count() < df.height:
+            return df
+        if self.frame is None or not self.has(RUNTIME):
+            return df
+        pids = self.frame("cuda_api")["global_pid"].drop_nulls().unique()
+        if pids.len() != 1:
+            return df
+        return df.with_columns(pl.lit(pids[0], dtype=pl.Int64).alias("globalPid"))
 
     def resolve(self, df: pl.DataFrame, id_col: str, out: str) -> pl.DataFrame:
         """Add ``out`` = StringIds value of ``id_col`` (null when the id is null or unknown)."""
@@ -291,165 +386,43 @@ class Adapter:
     # -- frames --------------------------------------------------------------------------------
     def build(self, frame: str) -> pl.DataFrame:
         """The canonical frame ``frame``, empty (with its schema) when not captured."""
-        builders: dict[str, Callable[[Adapter], pl.DataFrame | None] | tuple[str, str]] = {
+        builders: dict[str, tuple[str, str]] = {
             "gpu_ops": ("adapters_gpu", "build_gpu_ops"),
-            "cuda_api": Adapter.cuda_api,
+            "cuda_api": ("adapters_host", "build_cuda_api"),
             "nvtx": ("adapters_nvtx", "build_nvtx"),
-            "osrt": Adapter.osrt,
-            "sync": Adapter.sync,
-            "overhead": Adapter.overhead,
+            "osrt": ("adapters_host", "build_osrt"),
+            "sync": ("adapters_host", "build_sync"),
+            "overhead": ("adapters_host", "build_overhead"),
             "gpus": ("adapters_info", "build_gpus"),
             "streams": ("adapters_info", "build_streams"),
             "processes": ("adapters_info", "build_processes"),
             "threads": ("adapters_info", "build_threads"),
             "meta": ("adapters_info", "build_meta"),
         }
-        builder = builders[frame]
-        if isinstance(builder, tuple):
-            # Imported on first use: those modules build on this one, and importing
-            # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
-            module, name = builder
-            builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
+        # Imported on first use: those modules build on this one, and importing
+        # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
+        module, name = builders[frame]
+        builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
         df = builder(self)
-        return df if df is not None else schemas.empty(schemas.CANONICAL[frame])
+        df = df if df is not None else schemas.empty(schemas.CANONICAL[frame])
+        self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
+                     df.height)
+        return df
 
-    def cuda_api(self) -> pl.DataFrame | None:
-        if not self.has(RUNTIME):
-            return None
-        df = self.read(
-            RUNTIME,
-            ["start", "end", "globalTid", "correlationId", "nameId"],
-            {"eventClass": pl.Int64(), "returnValue": pl.Int64()},
-        )
-        # Sort the integer rows first (fewer columns to move); then classify each distinct
-        # name once (regexes on hundreds of names, not on every call) and map the results
-        # back through one lookup index: a join would copy the whole frame once more.
-        df = sort_by_time(df, "start", "end")
-        names = self.resolve(df.select("nameId").unique(), "nameId", "raw_name")
-        name = pl.col("raw_name").str.replace(VERSION_SUFFIX, "")
-        api_class = pl.lit("other")
-        for cls, pattern in reversed(API_CLASS_RULES):
-            api_class = pl.when(name.str.contains(pattern)).then(pl.lit(cls)).otherwise(api_class)
-        by_name = (
-            pl.when(name.str.contains(r"^_*cuda"))
-            .then(pl.lit("runtime"))
-            .when(name.str.starts_with("cu"))
-            .then(pl.lit("driver"))
-            .otherwise(pl.lit("runtime"))
-        )
-        names = names.select(name.alias("name"), api_class.alias("api_class"),
-                             by_name.alias("_layer"), "nameId")
-        at = df["nameId"].replace_strict(
-            names["nameId"], pl.int_range(names.height, eager=True), default=None,
-            return_dtype=pl.UInt32,
-        )
-        df = df.with_columns(names[c].gather(at) for c in ("name", "api_class", "_layer"))
-        layer = (  # labels of at most 12 bytes: polars stores them inline, nothing is copied
-            pl.when(pl.col("eventClass") == 0)
-            .then(pl.lit("runtime"))
-            .when(pl.col("eventClass") == 1)
-            .then(pl.lit("driver"))
-            .otherwise(pl.col("_layer").fill_null(pl.lit("runtime")))
-        )
-        df = df.select(
-            start_ns="start",
-            end_ns="end",
-            global_tid="globalTid",
-            global_pid=global_pid_of("globalTid"),
-            pid=pid_of("globalTid"),
-            tid=tid_of("globalTid"),
-            correlation_id="correlationId",
-            name="name",
-            api_class=pl.col("api_class").fill_null(pl.lit("other")),
-            layer=layer,
-            return_value="returnValue",
-        )
-        return self.finish(df, schemas.CUDA_API)
 
-    def sync(self) -> pl.DataFrame | None:
-        if not self.has(SYNCHRONIZATION):
-            return None
-        df = self.read(SYNCHRONIZATION, [*COMMON_COLUMNS], {"syncType": pl.Int64()})
-        types = pl.DataFrame(
-            {"syncType": list(SYNC_TYPES), "sync_type": list(SYNC_TYPES.values())},
-            schema={"syncType": pl.Int64, "sync_type": pl.String},
-        )
-
-        def valid(c: str) -> pl.Expr:
-            return pl.when(pl.col(c) == CUPTI_INVALID_ID).then(None).otherwise(pl.col(c))
-
-        df = df.join(types, on="syncType", how="left", maintain_order="left").select(
-            start_ns="start",
-            end_ns="end",
-            global_pid="globalPid",
-            pid=pid_of("globalPid"),
-            device_id=valid("deviceId"),
-            context_id=valid("contextId"),
-            stream_id=valid("streamId"),
-            correlation_id="correlationId",
-            sync_type=pl.col("sync_type").fill_null(pl.lit("unknown")),
-        )
-        df = self._sync_type_from_api(df)
-        return self.finish(sort_by_time(df), schemas.SYNC)
-
-    def _sync_type_from_api(self, df: pl.DataFrame) -> pl.DataFrame:
-        """Replace the enum-derived sync type by the one the synchronizing API names."""
-        if df.is_empty() or self.frame is None or not self.has(RUNTIME):
-            return df
-        # The one-key filter first: it keeps the two-key join to the few calls that can match
-        # (on 10M kernels, 17M API calls vs 1M synchronisations).
-        api = (
-            self.frame("cuda_api")
-            .select("global_pid", "correlation_id", "name")
-            .filter(pl.col("correlation_id").is_in(df["correlation_id"].unique().implode()))
-        )
-        by_api = pl.lit(None, dtype=pl.String)
-        for label, pattern in reversed(SYNC_TYPE_BY_API):
-            by_api = pl.when(pl.col("name").str.contains(pattern)).then(pl.lit(label)).otherwise(
-                by_api
-            )
-        labels = api.select("name").unique().with_columns(by_api.alias("_by_api"))
-        api = api.join(
-            df.select("global_pid", "correlation_id").unique(),
-            on=["global_pid", "correlation_id"],
-            how="semi",
-        ).join(labels, on="name", how="left", maintain_order="left").select(
-            "global_pid", "correlation_id", "_by_api"
-        )
-        api = api.unique(["global_pid", "correlation_id"], keep="first", maintain_order=True)
-        return (
-            df.join(api, on=["global_pid", "correlation_id"], how="left", maintain_order="left")
-            .with_columns(pl.coalesce("_by_api", "sync_type").alias("sync_type"))
-            .drop("_by_api")
-        )
-
-    def osrt(self) -> pl.DataFrame | None:
-        if not self.has("OSRT_API"):
-            return None
-        df = self.read(
-            "OSRT_API", ["start", "end", "globalTid", "nameId"], {"eventClass": pl.Int64()}
-        )
-        # eventClass 31/32 rows are zero-length "profiling started/finished" markers, not calls
-        df = df.filter(pl.col("eventClass").is_null() | (pl.col("eventClass") == 27))
-        df = self.resolve(df, "nameId", "name").select(
-            start_ns="start",
-            end_ns="end",
-            global_tid="globalTid",
-            pid=pid_of("globalTid"),
-            tid=tid_of("globalTid"),
-            name="name",
-        )
-        return self.finish(sort_by_time(df), schemas.OSRT)
-
-    def overhead(self) -> pl.DataFrame | None:
-        if not self.has("PROFILER_OVERHEAD"):
-            return None
-        df = self.read("PROFILER_OVERHEAD", ["start", "end", "globalTid", "nameId"])
-        df = self.resolve(df, "nameId", "name").select(
-            start_ns="start",
-            end_ns="end",
-            global_tid="globalTid",
-            pid=pid_of("globalTid"),
-            name="name",
-        )
-        return self.finish(sort_by_time(df), schemas.OVERHEAD)
+def _as_type(column: str, dtype: pl.DataType, want: pl.DataType) -> pl.Expr:
+    """The expression that reads ``column`` (of ``dtype``) as ``want`` (Int64 or String):
+    integers kept, integral finite reals and integer text converted, anything else NULL
+    (also what polars makes of a column without a declared type that mixes blobs with other
+    values: Binary or Object)."""
+    col = pl.col(column)
+    if dtype in (pl.Binary, pl.Object):
+        return pl.lit(None, dtype=want).alias(column)
+    if want == pl.String():
+        return col.cast(pl.String, strict=False)
+    if dtype == pl.String():
+        return col.str.strip_chars().str.to_integer(strict=False)
+    if dtype.is_float():
+        fits = col.is_finite() & (col == col.round()) & (col.abs() < 2.0**63)
+        return pl.when(fits).then(col).cast(want, strict=False)
+    return col.cast(want, strict=False)

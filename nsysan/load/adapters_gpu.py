@@ -12,6 +12,7 @@ from nsysan.frames import schemas
 from nsysan.load.adapters import (
     COMMON_COLUMNS,
     COPY_KINDS,
+    DEFAULTED_COLUMNS,
     KERNEL,
     MEM_KINDS,
     MEMCPY,
@@ -20,6 +21,7 @@ from nsysan.load.adapters import (
     pid_of,
     sort_by_time,
 )
+from nsysan.load.quality import drop_duplicate_rows, drop_impossible
 
 #: gpu_ops ``kind`` by the code each part is tagged with while the rows are still integers
 _OP_KINDS = ("kernel", "memcpy", "memset")
@@ -43,14 +45,19 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
     # soon as they are copied, and the filter runs only when it removes something.
     ops = pl.concat(parts, how="diagonal_relaxed").rechunk()
     del parts, tables
+    quality = adapter.quality("gpu_ops")
     unrecorded = (ops["start"] == 0) & (ops["end"] == 0)
     if unrecorded.any():
-        ops = ops.filter(~unrecorded)
+        quality.add("unrecorded", int(unrecorded.sum()))
+        ops = ops.filter(~unrecorded.fill_null(False))
     del unrecorded
     ops = ops.with_columns(  # columns of a table the export lacks
         pl.lit(None, pl.Int64).alias(c) for c in _OP_INT_COLUMNS if c not in ops.columns
     )
+    ops = drop_impossible(ops, quality, adapter.session)
+    ops = adapter.default_process(ops)
     ops = sort_by_time(ops, "start", "end")
+    ops = drop_duplicate_rows(ops, quality, start="start")
     # Every string column is an integer key mapped once through a lookup (`_labels`):
     # choosing between strings with when/then would copy the string bytes of every row
     # (~650 MB for the demangled names of 1M kernels), a mapped key only references them.
@@ -132,18 +139,22 @@ def _kernels(adapter: Adapter) -> pl.DataFrame | None:
     geometry = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
     df = adapter.read(
         KERNEL,
-        [*COMMON_COLUMNS, "shortName", "demangledName"],
+        [*COMMON_COLUMNS, "shortName"],
         {c: pl.Int64() for c in [*geometry, "graphNodeId"]},
+        {**DEFAULTED_COLUMNS, "demangledName": pl.Int64()},
     )
-    return df.with_columns(_kind=pl.lit(0, pl.Int8))
+    # a minimal export without demangled names: the short name is the best one there is
+    return df.with_columns(pl.coalesce("demangledName", "shortName").alias("demangledName"),
+                           _kind=pl.lit(0, pl.Int8))
 
 def _memcpys(adapter: Adapter) -> pl.DataFrame | None:
     if not adapter.has(MEMCPY):
         return None
     df = adapter.read(
         MEMCPY,
-        [*COMMON_COLUMNS, "bytes", "copyKind"],
+        [*COMMON_COLUMNS, "copyKind"],
         {"srcKind": pl.Int64(), "dstKind": pl.Int64(), "graphNodeId": pl.Int64()},
+        {**DEFAULTED_COLUMNS, "bytes": pl.Int64()},
     )
     return df.rename({"dstKind": "_dst"}).with_columns(_kind=pl.lit(1, pl.Int8))
 
@@ -151,6 +162,7 @@ def _memsets(adapter: Adapter) -> pl.DataFrame | None:
     if not adapter.has(MEMSET):
         return None
     df = adapter.read(
-        MEMSET, [*COMMON_COLUMNS, "bytes"], {"memKind": pl.Int64(), "graphNodeId": pl.Int64()}
+        MEMSET, [*COMMON_COLUMNS], {"memKind": pl.Int64(), "graphNodeId": pl.Int64()},
+        {**DEFAULTED_COLUMNS, "bytes": pl.Int64()},
     )
     return df.rename({"memKind": "_dst"}).with_columns(_kind=pl.lit(2, pl.Int8))

@@ -64,7 +64,8 @@ def read_metadata(adapter: Adapter) -> dict[str, Any]:
     notes: list[str] = []
     normalized = export.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower() == "true"
     shift = export.get("EXPORT_CONFIG_TIME_SHIFT") or export.get("EXPORT_PARAM_TIME_SHIFT")
-    if normalized or (shift not in (None, "", "0")):
+    shifted = normalized or (shift not in (None, "", "0"))
+    if shifted:
         notes.append(
             "timestamps were shifted at export (--ts-normalize/--ts-shift): they are not "
             "relative to the session start"
@@ -78,6 +79,7 @@ def read_metadata(adapter: Adapter) -> dict[str, Any]:
         "capture": capture,
         "duration_ns": _first(adapter, "ANALYSIS_DETAILS", "duration", agg="max"),
         "session_start_utc_ns": _first(adapter, "TARGET_INFO_SESSION_START_TIME", "utcEpochNs"),
+        "time_shifted": shifted,
         "notes": notes,
     }
 

@@ -41,6 +41,7 @@ import polars as pl
 from nsysan.frames import schemas
 from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, global_pid_of, pid_of, tid_of
+from nsysan.load.quality import ABSURD_NS, drop_duplicate_rows, drop_impossible
 
 NVTX_TABLE = "NVTX_EVENTS"
 STYLE_OF_EVENT_TYPE = {59: "push_pop", 70: "push_pop", 60: "start_end", 71: "start_end", 34: "mark"}
@@ -91,6 +92,13 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         schema={"eventType": pl.Int64, "style": pl.String},
     )
     ev = raw.join(styles, on="eventType", how="inner", maintain_order="left")
+    # The data-quality rules (nsysan.load.quality) on the events: a range whose end is before
+    # its start, or a timestamp outside the session, would otherwise break the nesting of
+    # every later range of its thread; exact copies (a table written twice) are one range.
+    quality = adapter.quality("nvtx")
+    ev = drop_impossible(ev, quality, adapter.session, ranged=pl.col("style") != "mark")
+    ev = drop_duplicate_rows(ev, quality, start="start",
+                             columns=[c for c in ev.columns if c not in ("row", "range_id")])
     ev = adapter.resolve(ev, "textId", "text_value")
     ev = adapter.resolve(ev, "jsonTextId", "json_value")
     ev = ev.join(domains, on=["pid", "domainId"], how="left", maintain_order="left")
@@ -98,7 +106,11 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
     duration = adapter.duration_ns
     if duration is None:
         # no ANALYSIS_DETAILS (2020.x exports): the last NVTX timestamp is the best session end
-        last = raw.select(pl.max_horizontal(pl.col("start").max(), pl.col("end").max())).item()
+        # (of the other rows and of the events the data-quality rules kept)
+        kept = pl.concat([raw.join(styles, on="eventType", how="anti").select("start", "end"),
+                          ev.select("start", "end")])
+        sane = [pl.col(c).filter(pl.col(c).abs() < ABSURD_NS).max() for c in ("start", "end")]
+        last = kept.select(pl.max_horizontal(sane)).item()
         duration = int(last) if last is not None else 0
     is_mark = pl.col("style") == "mark"
     ev = ev.select(

@@ -5,12 +5,12 @@ Why: reading a SQLite export is row by row (even through ADBC), while Parquet is
 compressed; a 1M-kernel trace loads several times faster from the cache (bench/RESULTS.md).
 
 Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
-(the loading notes the frame's build added to ``TraceMeta.notes``, replayed on a cache hit so
-results stay identical). The cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an
-explicit ``cache_dir`` wins), never the input's directory. ``key`` hashes the nsysan version
-and `FRAMES_REVISION`, the file's size and mtime and a sample of its content (first and last
-MiB, 32 blocks of 64 KiB spread over the file): hashing all of a 2 GB export would cost more
-than reading it.
+(the loading notes the frame's build added to ``TraceMeta.notes`` and the data-quality counts
+it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical). The
+cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an explicit ``cache_dir`` wins),
+never the input's directory. ``key`` hashes the nsysan version and `FRAMES_REVISION`, the
+file's size and mtime and a sample of its content (first and last MiB, 32 blocks of 64 KiB
+spread over the file): hashing all of a 2 GB export would cost more than reading it.
 
 When: by default only SQLite sources of at least ``MIN_BYTES`` (small traces load in well
 under a second; caching them would only fill the disk); ``frame_cache=True`` forces it,
@@ -34,9 +34,10 @@ import polars as pl
 from nsysan.frames.trace import TraceMeta
 
 MIN_BYTES = 64 << 20
-#: bumped whenever a frame's content changes within one nsysan version (part of the key): a
-#: cache written before must not be served (2: content-derived NVTX ids and row order)
-FRAMES_REVISION = 2
+#: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
+#: of the key): a cache written before must not be served (2: content-derived NVTX ids and row
+#: order; 3: the data-quality counts in the notes file)
+FRAMES_REVISION = 3
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
@@ -93,18 +94,25 @@ def cached_loader(
             try:
                 df = _contiguous(pl.read_parquet(data))
                 added = json.loads(notes.read_text())
-            except (OSError, ValueError, pl.exceptions.PolarsError):
+                texts, quality = list(added["notes"]), dict(added["quality"])
+            except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
                 pass  # damaged or concurrently replaced: rebuild below
             else:
-                for text in added:
+                for text in texts:
                     if text not in meta.notes:
                         meta.notes.append(text)
+                for name, counts in quality.items():
+                    meta.quality.setdefault(name, counts)
                 if "trace_id" in df.columns:  # the id is the caller's, not the first run's
                     df = df.with_columns(pl.lit(meta.trace_id, dtype=pl.String).alias("trace_id"))
                 return df
         before = set(meta.notes)
         df = build(frame)
-        added = [t for t in meta.notes if t not in before]
+        # the frame's own counts, and those of the StringIds lookup it may have read first
+        # (the same in every file that has them: replaying one is enough)
+        added = {"notes": [t for t in meta.notes if t not in before],
+                 "quality": {k: meta.quality[k] for k in (frame, "strings")
+                             if k in meta.quality}}
         # Written in the background: encoding a 1M-kernel gpu_ops takes ~0.7 s that the
         # passes (mostly inside polars, GIL released) can overlap. `flush` waits for it, and
         # so does interpreter exit (executor threads are joined at shutdown).
@@ -129,7 +137,7 @@ def _contiguous(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-def _store(df: pl.DataFrame, folder: Path, frame: str, added: list[str]) -> None:
+def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"

@@ -1,6 +1,8 @@
 """What a profile holds, as JSON-ready data: the library side of ``nsysan schema``.
 
-Built from `TraceMeta` only, so describing a trace reads no frame.
+`describe` is built from `TraceMeta` only, so describing a trace reads no frame (its
+``quality`` covers the frames loaded so far); `describe_path` loads every frame first, so that
+the data-quality counts of the whole profile are known (docs/data-quality.md).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from nsysan.errors import NsysanError
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.load import open_trace
@@ -27,7 +30,8 @@ META_TABLES = (
 
 def describe(trace: Trace) -> dict[str, Any]:
     """Versions, session, canonical frames (captured or why not, with the raw tables feeding
-    them), notes and every raw table with its row count."""
+    them), notes, the data-quality counts of the frames loaded so far, and every raw table
+    with its row count."""
     meta = trace.meta
     frames: dict[str, Any] = {}
     for frame in schemas.CANONICAL:
@@ -52,6 +56,7 @@ def describe(trace: Trace) -> dict[str, Any]:
         "duration_ns": meta.duration_ns,
         "frames": frames,
         "notes": list(meta.notes),
+        "quality": meta.quality_summary(),
         "tables": dict(sorted(meta.tables.items())),
     }
 
@@ -59,5 +64,17 @@ def describe(trace: Trace) -> dict[str, Any]:
 def describe_path(
     path: str | Path, *, nsys: str | Path | None = None, cache_dir: str | Path | None = None
 ) -> dict[str, Any]:
-    """`describe` of the profile at ``path`` (a report is exported first)."""
-    return describe(open_trace(path, nsys=nsys, cache_dir=cache_dir))
+    """`describe` of the profile at ``path`` (a report is exported first), with every frame
+    loaded: a frame that cannot be built (e.g. a required column is absent) says why in its
+    ``error`` instead of failing the description."""
+    trace = open_trace(path, nsys=nsys, cache_dir=cache_dir)
+    errors = {}
+    for name in schemas.CANONICAL:
+        try:
+            trace.frame(name)
+        except NsysanError as exc:
+            errors[name] = " ".join(str(exc).split())
+    info = describe(trace)
+    for name, why in errors.items():
+        info["frames"][name]["error"] = why
+    return info

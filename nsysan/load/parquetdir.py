@@ -32,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.load.quality import text_limit, truncate_text
 from nsysan.load.sqlite import NSYS_MARKER_TABLES
 
 FORMAT = "parquetdir"
@@ -119,6 +120,8 @@ class ParquetDirSource:
             )
         self._files: dict[str, Path] = {p.stem: p for p in files}
         self._schemas: dict[str, pl.Schema] = {}
+        #: table -> column -> {"truncated": values}, from the last read of it
+        self._issues: dict[str, dict[str, dict[str, int]]] = {}
         self._counts = self._count_rows()
         if REQUIRED_TABLE not in self._files or not any(
             t in self._files for t in NSYS_MARKER_TABLES
@@ -203,12 +206,30 @@ class ParquetDirSource:
         return self._scan(table).select([_normalised(c, schema[c]) for c in columns])
 
     def read(self, table: str, columns: list[str]) -> pl.DataFrame:
-        """The given columns of ``table``, in file (= export) order, SQLite-source dtypes."""
+        """The given columns of ``table``, in file (= export) order, SQLite-source dtypes.
+
+        Text longer than `nsysan.load.quality.text_limit` bytes is cut as the SQLite source
+        cuts it; a Parquet page is decoded whole, so here the long value is read once, then
+        cut before any frame copies it."""
         lf = self.scan(table, columns)
         try:
-            return lf.collect()
+            df = lf.collect()
         except pl.exceptions.PolarsError as exc:  # bad data pages behind a valid footer
             raise self._corrupt(table, exc, f" while reading {table}") from None
+        issues = self._issues.setdefault(table, {})
+        for c in columns:
+            series, n = truncate_text(df[c], text_limit(table), cut=True)
+            if n:
+                df = df.with_columns(series)
+                issues[c] = {"truncated": n}
+            else:
+                issues.pop(c, None)
+        return df
+
+    def issues(self, table: str) -> dict[str, dict[str, int]]:
+        """Values of ``table`` its reads cut to `quality.text_limit` (per column: ``truncated``);
+        Parquet columns are typed, so no value is ever of another type than its column."""
+        return {c: dict(v) for c, v in self._issues.get(table, {}).items()}
 
     def close(self) -> None:
         """Nothing to release: every scan opens and closes its own file."""

@@ -31,4 +31,10 @@ class TableSource(Protocol):
         with nsys's column names. Integer columns are Int64, text columns String."""
         ...
 
+    def issues(self, table: str) -> dict[str, dict[str, int]]:
+        """What the reads of ``table`` could not return as stored, per column and kind
+        (``nulled``: a value of another type than its column's, read as NULL; ``truncated``:
+        text cut to `nsysan.load.quality.text_limit` bytes). See docs/data-quality.md."""
+        ...
+
     def close(self) -> None: ...

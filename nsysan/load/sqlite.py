@@ -10,7 +10,15 @@ column). ADBC alone is not robust on nsys exports: SQLite is dynamically typed, 
 column's type from its first batch (an NVTX ``text`` column that starts with NULLs fails) and
 fails on a stored value of another type; connectorx likewise rejects such values and takes no
 SQLite URI options. So the dtype comes from the declared column type and a value that does not
-fit becomes null instead of an error, whichever path read it."""
+fit becomes null instead of an error, whichever path read it.
+
+Hostile values are bounded in SQL, before Python or polars sees them (docs/data-quality.md):
+text longer than `quality.text_limit` bytes is cut in the query (on its bytes, as a BLOB: the
+text ``substr`` stops at the first NUL, and real environment strings hold NULs; at a character
+boundary: `quality.bounded_sql`), and a value of another type than its column's (text or a
+non-integral real in an INTEGER column, a blob in a TEXT one) is read as NULL by a ``CASE`` on
+its ``typeof`` (`quality.readable_sql`), so neither a 200 MB name nor a 200 MB text in a
+timestamp column is ever materialised. Both are counted per column (`issues`)."""
 
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
 
 FORMAT = "sqlite"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -170,6 +179,8 @@ class SqliteSource:
             )
         self._columns: dict[str, list[tuple[str, str]]] = {}
         self._counts: dict[str, int] | None = None
+        #: table -> column -> {"nulled" | "truncated": values}, from the last read of it
+        self._issues: dict[str, dict[str, dict[str, int]]] = {}
 
     def __repr__(self) -> str:
         return f"SqliteSource({str(self.path)!r})"
@@ -233,6 +244,30 @@ class SqliteSource:
         dtypes = {c: _dtype(declared[c]) for c in columns}
         if not columns:
             return pl.DataFrame()
+        df = self._read_any(table, columns, dtypes)
+        cut = {}
+        for c in columns:
+            if dtypes[c] != pl.Int64():
+                _, n = truncate_text(df[c], text_limit(table), cut=False)  # cut in SQL
+                if n:
+                    cut[c] = n
+        issues = self._issues.setdefault(table, {})
+        for c in columns:
+            if c in cut:
+                issues.setdefault(c, {})["truncated"] = cut[c]
+            elif dtypes[c] != pl.Int64():
+                issues.get(c, {}).pop("truncated", None)
+        return df
+
+    def issues(self, table: str) -> dict[str, dict[str, int]]:
+        """Values of ``table`` that its reads could not return as stored: per column,
+        ``nulled`` (of another type than the column's, read as NULL) and ``truncated`` (cut
+        to `quality.text_limit`)."""
+        return {c: dict(v) for c, v in self._issues.get(table, {}).items() if v}
+
+    def _read_any(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> pl.DataFrame:
         if self.tables().get(table, 0) >= BULK_MIN_ROWS:
             bulk = self._read_bulk(table, columns, dtypes)
             if bulk is not None:
@@ -240,6 +275,7 @@ class SqliteSource:
         ints = [c for c in columns if dtypes[c] == pl.Int64()]
         fast = self._read_ints(table, ints) if ints else None
         if fast is not None:
+            self._set_nulled(table, dict.fromkeys(ints, 0))  # ADBC found integers only
             rest = [c for c in columns if c not in fast.columns]
             if not rest:
                 return fast.select(columns)
@@ -248,13 +284,37 @@ class SqliteSource:
                 return fast.hstack(other).select(columns)
         return self._read_rows(table, columns, dtypes)
 
+    def _set_nulled(self, table: str, counts: dict[str, int]) -> None:
+        issues = self._issues.setdefault(table, {})
+        for c, n in counts.items():
+            if n:
+                issues.setdefault(c, {})["nulled"] = int(n)
+            else:
+                issues.get(c, {}).pop("nulled", None)
+
+    def _count_nulled(
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+    ) -> None:
+        """Count, per column, the values the row path reads as NULL because SQLite stored
+        them with another type than the column's (`quality.bounded_sql`): one aggregate scan,
+        in C, only on that path."""
+        sums = ", ".join(
+            f"coalesce(sum(NOT ({readable_sql(_quote(c), dtypes[c])})), 0)" for c in columns
+        )
+        (counts,) = self._con.execute(f"SELECT {sums} FROM {_quote(table)}").fetchall()
+        self._set_nulled(table, dict(zip(columns, counts, strict=True)))
+
     def _read_rows(
         self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
     ) -> pl.DataFrame:
         """The row path: stdlib cursor, one typed Series per column and chunk."""
-        sql = f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(table)}"
+        select = ", ".join(
+            f"{bounded_sql(table, _quote(c), dtypes[c])} AS {_quote(c)}" for c in columns
+        )
+        sql = f"SELECT {select} FROM {_quote(table)}"
         with self._lock:
             try:
+                self._count_nulled(table, columns, dtypes)
                 chunks = self._fetch(sql, columns, dtypes)
             except sqlite3.OperationalError as exc:
                 if "decode" not in str(exc):
@@ -331,8 +391,10 @@ class SqliteSource:
         for i, c in enumerate(columns):
             if dtypes[c] == pl.String():
                 flags[c] = f"_nsysan_null_{i}"
-                select += [f"coalesce({_quote(c)}, '') AS {_quote(c)}",
-                           f"{_quote(c)} IS NULL AS {flags[c]}"]
+                bounded = bounded_sql(table, _quote(c), dtypes[c])
+                select += [f"coalesce({bounded}, '') AS {_quote(c)}",
+                           f"CASE typeof({_quote(c)}) WHEN 'null' THEN 1 WHEN 'blob' THEN 2 "
+                           f"ELSE 0 END AS {flags[c]}"]
             else:
                 select.append(_quote(c))
         sql = f"SELECT {', '.join(select)} FROM {_quote(table)}"
@@ -359,6 +421,9 @@ class SqliteSource:
             df.schema[c] not in (dtypes[c], pl.Null()) for c in columns
         ):
             return None
+        # ADBC fails on any other value of a number column, so only text can have been nulled
+        self._set_nulled(table, {c: int((df[f] == 2).sum()) if c in flags else 0
+                                 for c, f in [(c, flags.get(c, "")) for c in columns]})
         return df.select(
             pl.when(pl.col(flags[c]) == 0).then(pl.col(c)).alias(c) if c in flags
             else pl.col(c).cast(dtypes[c]) for c in columns

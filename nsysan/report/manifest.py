@@ -190,6 +190,8 @@ def build_manifest(trace: Trace, info: ManifestInfo | None = None,
         "raw_tables": meta.tables,
         "not_captured": meta.missing,
         "notes": meta.notes,
+        # rows repaired or dropped per frame and rule (docs/data-quality.md)
+        "quality": meta.quality_summary(),
         "passes": {name: _params_dict(p) for name, p in info.params.items()},
         "findings_params": _params_dict(info.findings_params),
         "options": dict(info.options),
