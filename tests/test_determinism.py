@@ -2,10 +2,11 @@
 whatever the physical row order of its export (Nsight Systems 2025.6+ does not promise one).
 
 Compared: every file nsysan writes (Parquet tables, findings.json, findings.md, pictures,
-report.html) byte for byte, and manifest.json without what legitimately differs between runs
-(its creation time and timings; for a shuffled copy also the input's bytes and hash, which
-differ by construction). The canonical frames are compared too: a frame that depends on row
-order is a bug waiting for an output to show it.
+report.html) byte for byte, and manifest.json and the ownership marker without what
+legitimately differs between runs (the manifest's creation time and timings; for a shuffled
+copy also the input's path, bytes and hash, which differ by construction). The canonical
+frames are compared too: a frame that depends on row order is a bug waiting for an output to
+show it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from nsysan.frames import schemas
 from nsysan.load import open_trace
 
 FIXTURES = REPO_ROOT / "fixtures"
+#: the ownership marker nsysan leaves in every folder it writes (docs/outputs.md)
+MARKER = ".nsysan-output.json"
 #: manifest keys that change from run to run by design
 VOLATILE = ("created_utc", "timings_s")
 #: ...and between two copies of an export (different bytes, same rows)
@@ -36,7 +39,8 @@ def outputs(out_dir: Path, volatile: tuple[str, ...] = VOLATILE) -> dict[str, by
     got = {}
     for path in sorted(out_dir.iterdir()):
         data = path.read_bytes()
-        if path.name == "manifest.json":
+        if path.name in ("manifest.json", MARKER):
+            # the ownership marker records the input (path, size, sha256) like the manifest
             manifest = json.loads(data)
             for key in volatile:
                 manifest.pop(key, None)
