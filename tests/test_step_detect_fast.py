@@ -108,3 +108,21 @@ def test_launched_is_the_same_with_and_without_the_call_map(monkeypatch, sorted_
     assert got.schema == want.schema
     assert got.equals(want)
     assert got.height > 0
+
+
+def test_periodic_steps_find_the_kernels_of_a_process_without_an_id():
+    """An export without process ids (docs/data-quality.md: several processes, globalPid
+    absent) leaves ``pid`` null: the busiest (pid, device) is then (null, 0), and its kernels
+    must still be the sequence the period is found in (a ``==`` with null matched none)."""
+    from nsysan.passes.steps import StepsParams
+
+    names = ["load", "fwd", "bwd", "opt"] * 6
+    start = np.arange(len(names), dtype=np.int64) * 1_000
+    ops = pl.DataFrame({
+        "kind": ["kernel"] * len(names), "pid": pl.Series([None] * len(names), dtype=pl.Int64),
+        "device_id": [0] * len(names), "name": names, "start_ns": start, "end_ns": start + 500,
+    })
+    found = step_detect.periodic_steps(ops, StepsParams())
+    assert found is not None
+    steps, _ = found
+    assert steps.height >= 5

@@ -199,7 +199,9 @@ def periodic_steps(
     pid, dev = busiest["pid"][0], busiest["device_id"][0]
     seq = (
         kern.lazy()
-        .filter((pl.col("pid") == pid) & (pl.col("device_id") == dev))
+        # eq_missing: the busiest group may have a null pid or device (an export without
+        # process ids), and its kernels must still match it
+        .filter(pl.col("pid").eq_missing(pid) & pl.col("device_id").eq_missing(dev))
         # stable: kernels with the same start and end keep the frame's content order
         .sort("start_ns", "end_ns", maintain_order=True)
         .select(
