@@ -74,6 +74,27 @@ class FindingParams:
     start_info_ns: int = 5_000_000_000
     start_warn_ns: int = 30_000_000_000
 
+    # --- STARTUP_COST ----------------------------------------------------------------------
+    #: A start-up call (first launch of a kernel, module / library loading, context creation,
+    #: NCCL communicator init) counts when it lasts at least this long.
+    startup_min_call_ns: int = 1_000_000
+    #: STARTUP_COST is info below this much device idle in start-up calls, warning above.
+    startup_warn_ns: int = 1_000_000_000
+
+    # --- judgement: how much activity a severity needs (docs/findings.md) ------------------
+    #: A symptom finding is at most info unless the analysed window holds at least this many
+    #: GPU ops and this much device time; critical also needs judge_crit_min_ns of device
+    #: time and a steady state: judge_crit_min_steps steps, or (without) judge_crit_min_ops ops.
+    judge_warn_min_ops: int = 20
+    judge_warn_min_ns: int = 5_000_000
+    judge_crit_min_ns: int = 100_000_000
+    judge_crit_min_steps: int = 3
+    judge_crit_min_ops: int = 200
+    #: MEMORY_CHURN without steps needs this many allocation calls to be called churn.
+    churn_min_calls_without_steps: int = 10
+    #: With steps, churn needs allocation calls in at least this share of the steady steps.
+    churn_min_step_frac: float = 0.5
+
     # --- CAPTURE_TRUNCATED -----------------------------------------------------------------
     lost_warn_frac: float = 0.01
 
@@ -87,6 +108,9 @@ class FindingParams:
     #: A non-compute bottleneck becomes the verdict when it takes at least this share of
     #: device time (removing it would speed the step up by >= 25%) and more than any other.
     verdict_min_share: float = 0.20
+    #: A stall that a warning- or critical-level finding reports becomes the verdict from this
+    #: share on (when it is the largest stall), so that verdict and findings agree.
+    verdict_finding_min_share: float = 0.10
 
     # --- evidence --------------------------------------------------------------------------
     top_n: int = 5
