@@ -76,12 +76,20 @@ def _steps_items(ctx: Context, samples: float | None, tokens: float | None) -> l
     if steps is None:
         why = ("the steps pass did not run" if ctx.table("steps") is None
                else "no step ranges in NVTX and no periodicity detected")
+        seen = ctx.metric("step_periods_seen")
+        if seen and ctx.metric("steps_reason"):  # periods were seen, and refused: say why
+            why = f"{ctx.metric('steps_reason')} (periods seen: {seen})"
         items.append(BaselineItem("step_time_mean_ns", "step time", None, "ns", "steps", why))
     else:
         d = steps["duration_ns"].cast(pl.Float64)
         src = f"steps ({steps['source'][0]}), {steps.height} steady-state steps"
+        note = None
+        if steps["source"][0] == "periodicity":
+            note = (f"a period of {ctx.metric('step_period_kernels')} kernels (periods seen: "
+                    f"{ctx.metric('step_periods_seen')}); a period may be a repeated block "
+                    "rather than an iteration: NVTX step ranges settle it")
         items += [
-            BaselineItem("n_steps", "steady-state steps", steps.height, "count", src),
+            BaselineItem("n_steps", "steady-state steps", steps.height, "count", src, note),
             BaselineItem("step_time_mean_ns", "step time (mean)", float(d.mean()), "ns", src),
             BaselineItem("step_time_p50_ns", "step time (p50)", float(d.quantile(0.5,
                          "nearest")), "ns", src),

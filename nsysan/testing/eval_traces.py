@@ -61,7 +61,7 @@ def identical_kernels(path: str | Path, *, layout: str = "2022.4", n: int = 400)
     t0 = 5 * MS
     for i in range(n):
         s = t0 + i * (1 * MS + 2 * US)
-        b.add_kernel(g, s, s + 1 * MS, K.SGEMM, api_start=t0 - 1 * MS + i * 8 * US, api_ns=5 * US)
+        b.add_kernel(g, s, s + 1 * MS, K.ADD, api_start=t0 - 1 * MS + i * 8 * US, api_ns=5 * US)
     flush(b, g, t0 + n * (1 * MS + 2 * US))
     return b.write(Path(path), layout)
 
@@ -103,13 +103,16 @@ def compute_steady(path: str | Path, *, layout: str = "2022.4", steps: int = 30)
     then one 100 us dispatch gap before the next step (host Python; ~1% of device time)."""
     b, g = start()
     rng = random.Random(1)
-    names = [K.XMMA_GEMM, K.ADD, K.SGEMM, K.FILL, K.XMMA_GEMM]
+    # one iteration: a fixed, non-repeating order of 20 kernels
+    order = [K.XMMA_GEMM, K.ADD, K.XMMA_GEMM, K.FILL, K.ADD, K.ADD, K.XMMA_GEMM, K.FILL,
+             K.FILL, K.XMMA_GEMM, K.ADD, K.FILL, K.XMMA_GEMM, K.XMMA_GEMM, K.ADD, K.FILL,
+             K.ADD, K.XMMA_GEMM, K.FILL, _ONCE[2]]
     t = 5 * MS
     for _ in range(steps):
         launch = t - 1 * MS
-        for i in range(20):
+        for kn in order:
             d = int(500 * US * (1 + rng.uniform(-0.03, 0.03)))
-            b.add_kernel(g, t, t + d, names[i % len(names)], api_start=launch, api_ns=5 * US)
+            b.add_kernel(g, t, t + d, kn, api_start=launch, api_ns=5 * US)
             launch += 10 * US
             t += d + 2 * US
         t += 100 * US  # the host's per-step dispatch: the next step's first launch is late
