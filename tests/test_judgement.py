@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import polars as pl
 import pytest
 
 import nsysan.api as api

@@ -4,7 +4,9 @@ A symptom finding (`JUDGED`) measures a share of the analysed window; on a trace
 kernels that share means nothing. So its severity is capped by the activity there is to judge:
 
 - **warning** needs >= ``judge_warn_min_ops`` GPU ops (kernels, copies, memsets) starting in
-  the analysed window and >= ``judge_warn_min_ns`` of analysed device time;
+  the analysed window, >= ``judge_warn_min_ns`` of analysed device time, and repetition:
+  >= ``judge_warn_min_steps`` steps, or without steps >= ``judge_warn_min_ops_without_steps``
+  ops;
 - **critical** also needs >= ``judge_crit_min_ns`` and a steady state: >= ``judge_crit_min_steps``
   steps, or without steps >= ``judge_crit_min_ops`` ops.
 
@@ -33,7 +35,8 @@ JUDGED = frozenset({
 
 #: The minimum-activity sentence of every judged code, for docs/findings.md.
 RULE_TEXT = (
-    "warning needs >= 20 GPU ops and >= 5 ms of device time in the analysed window, "
+    "warning needs >= 20 GPU ops, >= 5 ms of device time in the analysed window and "
+    "repetition (>= 2 steps, or >= 100 ops without steps), "
     "critical also >= 100 ms and >= 3 steps (or >= 200 ops without steps) "
     "(`findings.judge_*`); below that the finding is at "
     "most what the activity allows (info at least) and says why."
@@ -59,10 +62,12 @@ DOC = """## Judgement: activity, steady state, start-up and the verdict
 
 - **Minimum activity.** A symptom finding measures a share of the analysed window; on a trace
   with a handful of kernels that share means nothing. Its severity is capped by the activity
-  in the analysed window: warning needs >= 20 GPU ops (kernels, copies, memsets) and >= 5 ms
-  of device time; critical also >= 100 ms and a steady state: >= 3 steps, or >= 200 ops
-  without steps (`findings.judge_warn_min_ops`, `judge_warn_min_ns`, `judge_crit_min_ns`,
-  `judge_crit_min_steps`, `judge_crit_min_ops`). Below that the finding
+  in the analysed window: warning needs >= 20 GPU ops (kernels, copies, memsets), >= 5 ms
+  of device time and repetition: >= 2 steps, or >= 100 ops without steps
+  (`judge_warn_min_steps`, `judge_warn_min_ops_without_steps`); critical also >= 100 ms
+  and a steady state: >= 3 steps, or >= 200 ops without steps (`findings.judge_warn_min_ops`,
+  `judge_warn_min_ns`, `judge_crit_min_ns`, `judge_crit_min_steps`, `judge_crit_min_ops`).
+  Below that the finding
   stays at what the activity allows (info at least) and its message says why
   ("Held at info (measured critical): only ...").
 - **Steady state** is the span of the non-warm-up steps when there are steps (NVTX, else a
@@ -107,7 +112,9 @@ def activity(ctx: Context) -> Activity:
 def allowed(ctx: Context, act: Activity) -> str:
     """The highest severity the activity supports."""
     p = ctx.params
-    if act.n_ops < p.judge_warn_min_ops or act.device_ns < p.judge_warn_min_ns:
+    repeats = ((act.n_steps or 0) >= p.judge_warn_min_steps
+               or act.n_ops >= p.judge_warn_min_ops_without_steps)
+    if act.n_ops < p.judge_warn_min_ops or act.device_ns < p.judge_warn_min_ns or not repeats:
         return "info"
     steady = (act.n_steps or 0) >= p.judge_crit_min_steps or act.n_ops >= p.judge_crit_min_ops
     return "critical" if steady and act.device_ns >= p.judge_crit_min_ns else "warning"
@@ -119,7 +126,8 @@ def cap(ctx: Context, act: Activity, findings: list[Finding]) -> list[Finding]:
     p = ctx.params
     need = (f">= {fmt_ns(p.judge_crit_min_ns)} and >= {p.judge_crit_min_steps} steps (or "
             f">= {p.judge_crit_min_ops} ops)" if top == "warning" else
-            f">= {p.judge_warn_min_ops} ops and >= {fmt_ns(p.judge_warn_min_ns)}")
+            f">= {p.judge_warn_min_ops} ops, >= {fmt_ns(p.judge_warn_min_ns)} and >= "
+            f"{p.judge_warn_min_steps} steps (or >= {p.judge_warn_min_ops_without_steps} ops)")
     out = []
     for f in findings:
         if f.code in JUDGED and SEVERITIES.index(f.severity) > SEVERITIES.index(top):
@@ -136,7 +144,9 @@ def insufficient(ctx: Context, act: Activity) -> str | None:
     if act.n_ops == 0 or allowed(ctx, act) != "info":
         return None
     return (f"too little activity to judge: {act.describe()} (a verdict needs >= "
-            f"{p.judge_warn_min_ops} ops and >= {fmt_ns(p.judge_warn_min_ns)}). Capture "
+            f"{p.judge_warn_min_ops} ops, >= {fmt_ns(p.judge_warn_min_ns)} and >= "
+            f"{p.judge_warn_min_steps} steps, or >= {p.judge_warn_min_ops_without_steps} ops "
+            "without steps). Capture "
             "several steady-state iterations after warm-up, e.g. `nsys profile --delay` or "
             "a capture range (`--capture-range=cudaProfilerApi`) around 10-20 training steps "
             "marked with NVTX ranges.")

@@ -83,10 +83,14 @@ class FindingParams:
 
     # --- judgement: how much activity a severity needs (docs/findings.md) ------------------
     #: A symptom finding is at most info unless the analysed window holds at least this many
-    #: GPU ops and this much device time; critical also needs judge_crit_min_ns of device
-    #: time and a steady state: judge_crit_min_steps steps, or (without) judge_crit_min_ops ops.
+    #: GPU ops and this much device time, and repeats: judge_warn_min_steps steps, or
+    #: (without steps) judge_warn_min_ops_without_steps ops. Critical also needs
+    #: judge_crit_min_ns of device time and a steady state: judge_crit_min_steps steps, or
+    #: (without steps) judge_crit_min_ops ops.
     judge_warn_min_ops: int = 20
     judge_warn_min_ns: int = 5_000_000
+    judge_warn_min_steps: int = 2
+    judge_warn_min_ops_without_steps: int = 100
     judge_crit_min_ns: int = 100_000_000
     judge_crit_min_steps: int = 3
     judge_crit_min_ops: int = 200
