@@ -37,7 +37,7 @@ JUDGED = frozenset({
 RULE_TEXT = (
     "warning needs >= 20 GPU ops, >= 5 ms of device time in the analysed window and "
     "repetition (>= 2 steps, or >= 100 ops without steps), "
-    "critical also >= 100 ms and >= 3 steps (or >= 200 ops without steps) "
+    "critical also >= 20 ms and >= 3 steps (or >= 200 ops without steps) "
     "(`findings.judge_*`); below that the finding is at "
     "most what the activity allows (info at least) and says why."
 )
@@ -64,7 +64,7 @@ DOC = """## Judgement: activity, steady state, start-up and the verdict
   with a handful of kernels that share means nothing. Its severity is capped by the activity
   in the analysed window: warning needs >= 20 GPU ops (kernels, copies, memsets), >= 5 ms
   of device time and repetition: >= 2 steps, or >= 100 ops without steps
-  (`judge_warn_min_steps`, `judge_warn_min_ops_without_steps`); critical also >= 100 ms
+  (`judge_warn_min_steps`, `judge_warn_min_ops_without_steps`); critical also >= 20 ms
   and a steady state: >= 3 steps, or >= 200 ops without steps (`findings.judge_warn_min_ops`,
   `judge_warn_min_ns`, `judge_crit_min_ns`, `judge_crit_min_steps`, `judge_crit_min_ops`).
   Below that the finding

@@ -91,7 +91,7 @@ class FindingParams:
     judge_warn_min_ns: int = 5_000_000
     judge_warn_min_steps: int = 2
     judge_warn_min_ops_without_steps: int = 100
-    judge_crit_min_ns: int = 100_000_000
+    judge_crit_min_ns: int = 20_000_000
     judge_crit_min_steps: int = 3
     judge_crit_min_ops: int = 200
     #: MEMORY_CHURN without steps needs this many allocation calls to be called churn.

@@ -53,6 +53,7 @@ class Forbid:
     code: str
     max_severity: str | None = None  # None: must not appear at all
     why: str = ""
+    implicit: bool = False  # from ``code = "*"`` (not counted as a negative label by coverage)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,10 @@ def parse_label(path: Path, known_codes: Iterable[str] | None = None) -> Label:
 
     def code_of(row: Mapping[str, Any], what: str) -> str:
         code = row.get("code")
+        if what == "[[forbid]]" and code == "*":  # every code the file does not name
+            if row.get("max_severity") is None:
+                raise _bad(path, 'code = "*" needs a max_severity')
+            return code
         if not isinstance(code, str) or (codes is not None and code not in codes):
             raise _bad(path, f"{what}: unknown finding code {code!r}")
         return code
@@ -149,6 +154,13 @@ def parse_label(path: Path, known_codes: Iterable[str] | None = None) -> Label:
         forbid.append(Forbid(code_of(row, "[[forbid]]"),
                              None if mx is None else _severity(path, mx, "max_severity"),
                              row.get("why", "")))
+    if codes is not None:  # "*": one forbid per catalogue code the file does not name
+        named = {e.code for e in expect} | {f.code for f in forbid if f.code != "*"}
+        for star in [f for f in forbid if f.code == "*"]:
+            forbid.remove(star)
+            forbid += [Forbid(c, star.max_severity, star.why or "healthy: nothing above "
+                              f"{star.max_severity}", implicit=True)
+                       for c in sorted(codes) if c not in named]
     both = {e.code for e in expect} & {f.code for f in forbid}
     if both:
         raise _bad(path, f"codes both expected and forbidden: {sorted(both)}")
