@@ -146,3 +146,43 @@ def test_churn_needs_allocations_across_steps() -> None:
     trace, results = c.build(findings_cases._steps())
     f = next(f for f in diagnose(trace, results).findings if f.code == "MEMORY_CHURN")
     assert f.severity == "info" and f.message.startswith("Not churn (allocations in 1 of")
+
+
+def test_finding_thresholds_are_settable_from_the_api(tmp_path) -> None:
+    path = E.microbench(tmp_path / "m.sqlite")
+    relaxed = {"findings.judge_warn_min_ops": "1", "findings.judge_warn_min_ns": "0",
+               "findings.judge_warn_min_ops_without_steps": "1"}
+    r = api.analyze(path, settings=relaxed)
+    assert r.diagnosis.params.judge_warn_min_ops == 1
+    assert r.diagnosis.verdict.label != "insufficient-data"
+    assert "NO_TENSOR_CORES" in r.diagnosis.codes("warning")  # no longer held at info
+    from nsysan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no finding threshold 'nope'"):
+        api.analyze(path, settings={"findings.nope": "1"})
+    with pytest.raises(ConfigError, match="cannot read"):
+        api.analyze(path, settings={"findings.top_n": "many"})
+
+
+def test_cli_lists_thresholds_and_refuses_unknown_ones(tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from nsysan.cli import cli
+
+    out = CliRunner().invoke(cli, ["findings"])
+    assert out.exit_code == 0
+    assert "--set findings.judge_warn_min_ops=20" in out.output
+    assert "STARTUP_COST" in out.output
+    data = json.loads(CliRunner().invoke(cli, ["findings", "--json"]).output)
+    assert {"name": "verdict_min_share", "default": 0.2} in data["thresholds"]
+    path = E.microbench(tmp_path / "m.sqlite")
+    bad = CliRunner().invoke(cli, ["analyze", str(path), "-o", str(tmp_path / "o"),
+                                   "--set", "findings.nope=1"])
+    assert bad.exit_code == 1 and "Error: --set findings.nope" in bad.output
+    ok = CliRunner().invoke(cli, ["analyze", str(path), "-o", str(tmp_path / "o"),
+                                  "--set", "findings.judge_warn_min_ops=1"])
+    assert ok.exit_code == 0, ok.output
+    got = json.loads(next((tmp_path / "o").glob("*/findings.json")).read_text())
+    assert got["params"]["judge_warn_min_ops"] == 1

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from nsysan.errors import ConfigError
+
+#: The ``--set`` prefix of finding thresholds (``--set findings.launch_warn_frac=0.2``).
+PREFIX = "findings."
 
 
 @dataclass(frozen=True)
@@ -128,3 +133,27 @@ class FindingParams:
                 raise ConfigError(f"findings.{f.name} must be >= 0, got {v}")
         if self.top_n < 1:
             raise ConfigError(f"findings.top_n must be >= 1, got {self.top_n}")
+
+
+def from_settings(settings: Mapping[str, str] | None) -> FindingParams:
+    """`FindingParams` with the ``findings.PARAM`` overrides of ``--set`` settings (other keys
+    belong to the passes and are ignored here)."""
+    from nsysan.passes.registry import _coerce  # the same value parsing as pass parameters
+
+    known = {f.name: f for f in fields(FindingParams)}
+    overrides: dict[str, Any] = {}
+    for key, raw in (settings or {}).items():
+        if not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        if name not in known:
+            raise ConfigError(f"--set {key}: no finding threshold {name!r}; see "
+                              "`nsysan findings` for the list")
+        overrides[name] = _coerce(str(raw), known[name].type, f"--set {key}")
+    return FindingParams(**overrides)
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every threshold with its default (for ``nsysan findings``)."""
+    defaults = FindingParams()
+    return [{"name": f.name, "default": getattr(defaults, f.name)} for f in fields(FindingParams)]
