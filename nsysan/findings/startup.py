@@ -36,20 +36,23 @@ def startup_calls(trace: Trace, min_ns: int) -> pl.DataFrame:
         pl.lit("module_load").alias("why"))
     ctx = api.filter(pl.col("name").str.contains(_CONTEXT_RE)).with_columns(
         pl.lit("context").alias("why"))
-    first_api = (trace.frame("cuda_api").lazy()
-                 .filter(pl.col("start_ns").is_not_null())
-                 .sort(["start_ns", "end_ns"]).group_by("pid").first()
-                 .filter((pl.col("end_ns") - pl.col("start_ns")) >= min_ns)
+    # the first call of each process (no sort of every call: a min per process, joined back)
+    t0 = trace.frame("cuda_api").lazy().group_by("pid").agg(pl.col("start_ns").min().alias("_t0"))
+    first_api = (api.join(t0, on="pid").filter(pl.col("start_ns") == pl.col("_t0"))
                  .with_columns(pl.lit("context").alias("why")))
     parts = [named.select(cols), ctx.select(cols), first_api.select(cols)]
     if trace.has("gpu_ops"):
         kern = (trace.frame("gpu_ops").lazy().filter(pl.col("kind") == "kernel")
-                .select(["global_pid", "correlation_id", "name", "start_ns"]))
-        first = (kern.sort(["start_ns", "correlation_id"]).group_by(["global_pid", "name"])
-                 .first().select(["global_pid", "correlation_id"]))
+                .select(["global_pid", "correlation_id", pl.col("name").alias("_k"),
+                         pl.col("start_ns").alias("_ks")]))
+        # the first start of every kernel name per process: an aggregation, no sort
+        first = kern.group_by(["global_pid", "_k"]).agg(pl.col("_ks").min().alias("_first"))
         slow = api.filter(pl.col("api_class") == "launch").select(
             ["global_pid", "correlation_id", "pid", "name", "start_ns", "end_ns"])
-        parts.append(slow.join(first, on=["global_pid", "correlation_id"], how="semi")
+        # the few slow launches find their kernels, which must be the first of their name
+        parts.append(slow.join(kern, on=["global_pid", "correlation_id"])
+                     .join(first, on=["global_pid", "_k"])
+                     .filter(pl.col("_ks") == pl.col("_first"))
                      .with_columns(pl.lit("first_launch").alias("why")).select(cols))
     if trace.has("nvtx"):
         parts.append(trace.frame("nvtx").lazy().filter(
