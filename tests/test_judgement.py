@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import polars as pl
 import pytest
 
 import nsysan.api as api
@@ -186,3 +187,26 @@ def test_cli_lists_thresholds_and_refuses_unknown_ones(tmp_path) -> None:
     assert ok.exit_code == 0, ok.output
     got = json.loads(next((tmp_path / "o").glob("*/findings.json")).read_text())
     assert got["params"]["judge_warn_min_ops"] == 1
+
+
+def _ops(names: list[str], starts: list[int], dur: int) -> pl.DataFrame:
+    return pl.DataFrame({"kind": ["kernel"] * len(names), "pid": [1] * len(names),
+                         "device_id": [0] * len(names), "name": names,
+                         "start_ns": starts, "end_ns": [s + dur for s in starts]})
+
+
+def test_one_kernel_between_copies_is_an_iteration_but_back_to_back_is_not() -> None:
+    """A Jacobi solver runs one kernel per iteration between halo copies (kernel 0.46 ms
+    every 3.5 ms): those are steps. The same kernel back to back is no step structure."""
+    from nsysan.passes import step_detect
+    from nsysan.passes.steps import StepsParams
+
+    n = 50
+    spaced = _ops(["jacobi"] * n, [i * 3_500_000 for i in range(n)], 460_000)
+    found = step_detect.periodic_steps(spaced, StepsParams())
+    assert found is not None and found[0].height == n  # the last ends with its kernel
+    notes: dict = {}
+    packed = _ops(["jacobi"] * n, [i * 1_001_000 for i in range(n)], 1_000_000)
+    assert step_detect.periodic_steps(packed, StepsParams(), notes) is None
+    assert "identical kernels" in notes["steps_reason"]
+    assert notes["step_periods_seen"] == f"1 kernels ({n}x, match 1.00)"
