@@ -210,3 +210,31 @@ def test_one_kernel_between_copies_is_an_iteration_but_back_to_back_is_not() -> 
     assert step_detect.periodic_steps(packed, StepsParams(), notes) is None
     assert "identical kernels" in notes["steps_reason"]
     assert notes["step_periods_seen"] == f"1 kernels ({n}x, match 1.00)"
+
+
+def test_start_up_calls_by_kind(tmp_path) -> None:
+    import nsysan
+    from nsysan.findings.startup import covered_ns, startup_calls
+    from nsysan.testing import kernels as K
+    from nsysan.testing._common import MS, start
+
+    b, g = start()
+    b.add_api(g, 1 * MS, 4 * MS, "cuCtxCreate_v2")  # first call of the process, and context
+    b.add_api(g, 5 * MS, 7 * MS, "cuModuleLoadData")
+    b.add_api(g, 8 * MS, 8 * MS + 500 * US, "cuModuleLoadData")  # too short: not counted
+    b.add_nvtx_range(g, 9 * MS, 12 * MS, "ncclCommInitRank", domain="NCCL")
+    b.add_kernel(g, 16 * MS, 17 * MS, K.ADD, api_start=13 * MS, api_ns=2 * MS)  # first launch
+    b.add_kernel(g, 20 * MS, 21 * MS, K.ADD, api_start=18 * MS, api_ns=1_500 * US)  # 2nd: no
+    b.add_kernel(g, 23 * MS, 24 * MS, K.SGEMM, api_start=21 * MS, api_ns=10 * US)  # fast: no
+    trace = nsysan.open_trace(b.write(tmp_path / "s.sqlite"))
+    got = startup_calls(trace, 1 * MS).select("why", "start_ns").rows()
+    assert got == [("context", 1 * MS), ("module_load", 5 * MS), ("nccl_init", 9 * MS),
+                   ("first_launch", 13 * MS)]
+    calls = startup_calls(trace, 1 * MS)
+    s = pl.Series([0, 2 * MS, 6 * MS, 14 * MS]).cast(pl.Int64)
+    e = pl.Series([1 * MS, 6 * MS, 10 * MS, 40 * MS]).cast(pl.Int64)
+    # brute force: per ns covered by any call
+    spans = list(zip(calls["start_ns"], calls["end_ns"], strict=True))
+    want = [sum(max(0, min(b1, e1) - max(a1, s1)) for a1, b1 in spans)
+            for s1, e1 in zip(s, e, strict=True)]
+    assert covered_ns(calls, s, e).tolist() == want
