@@ -238,3 +238,20 @@ def test_start_up_calls_by_kind(tmp_path) -> None:
     want = [sum(max(0, min(b1, e1) - max(a1, s1)) for a1, b1 in spans)
             for s1, e1 in zip(s, e, strict=True)]
     assert covered_ns(calls, s, e).tolist() == want
+
+
+@pytest.mark.parametrize("builder", ["tiny_first_launch", "nested_layers", "microbench"])
+def test_judgement_ignores_row_order(tmp_path, builder: str) -> None:
+    from nsysan.findings.rules import finding_dict
+    from tests.row_order import shuffled_copy
+
+    src = getattr(E, builder)(tmp_path / "a.sqlite")
+    assert shuffled_copy(src, tmp_path / "b.sqlite", seed=7)
+    got = []
+    for p in (src, tmp_path / "b.sqlite"):
+        r = api.analyze(p)
+        d = r.diagnosis
+        got.append(([finding_dict(f) for f in d.findings], d.verdict.to_dict(),
+                     {k: v for k, v in r.results["steps"].metrics.items()
+                      if k.startswith("step")}))
+    assert got[0] == got[1]
