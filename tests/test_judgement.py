@@ -255,3 +255,14 @@ def test_judgement_ignores_row_order(tmp_path, builder: str) -> None:
                      {k: v for k, v in r.results["steps"].metrics.items()
                       if k.startswith("step")}))
     assert got[0] == got[1]
+
+
+def test_a_stall_verdict_without_a_finding_says_so() -> None:
+    trace, results = scenario("starved_input")  # 4 of every 10 ms idle in data loading
+    quiet = FindingParams(starvation_warn_frac=0.9, starvation_crit_frac=0.95)
+    d = diagnose(trace, results, params=quiet)
+    assert "GPU_STARVATION_PERIODIC" not in d.codes("info")
+    assert d.verdict.label == "input-bound"
+    assert "No finding reports this stall at warning level" in d.verdict.reason
+    loud = diagnose(trace, results)
+    assert "No finding reports" not in loud.verdict.reason

@@ -252,6 +252,10 @@ def compute_verdict(ctx: Context, findings: Sequence[Finding] = (),
         reason = (f"compute runs only {fmt_frac(shares['compute'])} of device time but no "
                   f"single stall reaches {fmt_frac(p.verdict_min_share)}: {detail}.")
     named_cat = best if label.startswith(best) else None
+    if named_cat is not None and named_cat not in flagged:
+        reason += (" No finding reports this stall at warning level (the stalls do not recur "
+                   "regularly, or each cause stays under its rule's threshold): the gaps table "
+                   "lists their causes.")
     also = [c for k, codes in sorted(flagged.items()) if k != named_cat for c in codes]
     if also:  # smaller stalls that findings report: the verdict says so
         reason += f" Also reported: {', '.join(also)}."
