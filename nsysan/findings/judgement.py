@@ -81,7 +81,8 @@ DOC = """## Judgement: activity, steady state, start-up and the verdict
   takes >= 20% of steady-state device time (`findings.verdict_min_share`) and more than any
   other stall, or >= 10% (`verdict_finding_min_share`) when a warning- or critical-level
   finding reports it; any other warning-level stall finding is named in the reason ("Also
-  reported: ..."), so verdict and findings never contradict. A trace below the warning
+  reported: ..."), and a stall verdict that no warning-level finding reports says so, so
+  verdict and findings never contradict. A trace below the warning
   minimums gets `insufficient-data`, with what to capture instead.
 - Every threshold is settable: `nsysan analyze --set findings.PARAM=VALUE` (API:
   `analyze(..., settings={"findings.PARAM": "VALUE"})`); `nsysan findings` lists them with
