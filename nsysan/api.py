@@ -41,6 +41,8 @@ class AnalysisResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     diagnosis: Any = None  # nsysan.findings.Diagnosis when findings ran
     options: dict[str, Any] = field(default_factory=dict)
+    #: nsysan.findings.FindingParams from ``findings.*`` settings (None: the defaults)
+    finding_params: Any = None
 
     @property
     def trace_id(self) -> str:
@@ -152,6 +154,7 @@ def _run_passes(
     """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
     specs = registry.resolve(passes)
     params = registry.build_params(specs, settings)
+    finding_params = _finding_params(settings) if findings else None
     check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     t0 = time.perf_counter()
     trace = start(path_or_trace, nsys=nsys, findings=findings, hash_inputs=hash_inputs)
@@ -171,7 +174,17 @@ def _run_passes(
         params=params,
         timings_s=timings,
         options={"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step},
+        finding_params=finding_params,
     )
+
+
+def _finding_params(settings: Mapping[str, str] | None) -> Any:
+    """FindingParams from the ``findings.*`` settings (checked before any trace is read)."""
+    if not any(k.startswith("findings.") for k in settings or {}):
+        return None
+    from nsysan.findings.params import from_settings
+
+    return from_settings(settings)
 
 
 def check_per_step(**values: float | None) -> None:
@@ -204,7 +217,7 @@ def _diagnose(result: AnalysisResult) -> Any:
     findings = _findings_module()
     if findings is None:
         return None
-    return findings.diagnose(result.trace, result.results, **{
+    return findings.diagnose(result.trace, result.results, params=result.finding_params, **{
         k: v for k, v in result.options.items() if v is not None
     })
 

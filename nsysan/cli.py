@@ -226,3 +226,7 @@ from nsysan.cli_compare import baseline_group, check_cmd, diff_cmd  # noqa: E402
 cli.add_command(diff_cmd)
 cli.add_command(check_cmd)
 cli.add_command(baseline_group)
+
+from nsysan.cli_findings import findings_cmd  # noqa: E402  (own module)
+
+cli.add_command(findings_cmd)

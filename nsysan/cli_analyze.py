@@ -90,7 +90,9 @@ def _fails(result: Any, fail_on: str | None) -> bool:
               help="Comma-separated passes to run (default: the default passes; "
               "see `nsysan passes`).")
 @click.option("--set", "settings", multiple=True, metavar="PASS.PARAM=VALUE",
-              help="Override a pass parameter, e.g. --set gaps.min_gap_ns=500000 (repeatable).")
+              help="Override a pass parameter or finding threshold, e.g. --set "
+              "gaps.min_gap_ns=500000, --set findings.launch_warn_frac=0.2 (repeatable; "
+              "`nsysan findings` lists the thresholds).")
 @click.option("--fail-on", type=click.Choice(list(SEVERITIES)), default=None,
               help=f"Exit {EXIT_FINDINGS} when a finding at or above this severity exists.")
 @click.option("--samples-per-step", type=FINITE, default=None,

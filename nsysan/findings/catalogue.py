@@ -270,6 +270,31 @@ _SPECS = (
         needs=("gpu_ops", "cuda_api"),
     ),
     FindingSpec(
+        code="STARTUP_COST",
+        title="Start-up costs inside the analysed window",
+        layer="runtime_driver",
+        severity_rule=(
+            "Device idle gaps that start-up calls of >= 1 ms cover for at least half their "
+            "length: the first launch of each kernel (CUDA lazy loading / JIT), module or "
+            "library loading, context creation (the first CUDA call of a process), NCCL "
+            "communicator init. info; warning when they idle the device >= 1 s. Such gaps "
+            "count neither as launch-bound nor as starvation, and the verdict counts them as "
+            "other."
+        ),
+        advice=(
+            "Start the capture after warm-up (`nsys profile --delay`, or a capture range with "
+            "`cudaProfilerStart` after the first iterations); run a warm-up iteration before "
+            "timing; `CUDA_MODULE_LOADING=EAGER` moves module loading to start-up; ship "
+            "kernels for the GPU's architecture (SASS, not only PTX) to avoid the JIT."
+        ),
+        quick_check=(
+            "The listed calls (e.g. the first cudaLaunchKernel of a kernel) take milliseconds "
+            "while the later launches of the same kernel take microseconds."
+        ),
+        nothing_found="No start-up call idles the GPU in the analysed window.",
+        needs=("gpu_ops", "cuda_api", "gaps"),
+    ),
+    FindingSpec(
         code="NVTX_MISSING",
         title="No NVTX ranges: per-layer attribution unavailable",
         layer="capture",
@@ -457,6 +482,9 @@ def render_markdown() -> str:
         "|---|---|---|",
     ]
     lines += [f"| `{s.code}` | {s.layer} | {s.title} |" for s in _SPECS]
+    from nsysan.findings import judgement  # (imports the rule context: not at module load)
+
+    lines += ["", judgement.DOC.rstrip("\n")]
     for layer in LAYERS:
         specs = [s for s in _SPECS if s.layer == layer]
         if not specs:
@@ -469,6 +497,10 @@ def render_markdown() -> str:
                 "",
                 f"- **Layer:** {s.layer}",
                 f"- **Severity:** {s.severity_rule}",
+                *([f"- **Minimum activity:** {judgement.RULE_TEXT}"]
+                  if s.code in judgement.JUDGED else []),
+                *([f"- **Judgement:** {judgement.CODE_TEXT[s.code]}"]
+                  if s.code in judgement.CODE_TEXT else []),
                 f"- **Advice:** {s.advice}",
                 f"- **Quick check:** {s.quick_check}",
                 f"- **When nothing is found:** {s.nothing_found}",

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsysan.errors import ConfigError
-from nsysan.findings import rules_capture, rules_idle, rules_work
+from nsysan.findings import judgement, rules_capture, rules_idle, rules_startup, rules_work
 from nsysan.findings.baseline import Baseline, Verdict, compute_baseline, compute_verdict
 from nsysan.findings.catalogue import CATALOGUE
 from nsysan.findings.context import Context, NotEvaluated
@@ -38,6 +38,7 @@ RULES: dict[str, Rule] = {
     "DOMINANT_LAYER": rules_work.dominant_layer,
     "MEMORY_CHURN": rules_work.memory_churn,
     "SLOW_START": rules_work.slow_start,
+    "STARTUP_COST": rules_startup.startup_cost,
     "NVTX_MISSING": rules_capture.nvtx_missing,
     "NVTX_LOW_COVERAGE": rules_capture.nvtx_low_coverage,
     "CAPTURE_MISSING_TABLES": rules_capture.missing_tables,
@@ -148,11 +149,13 @@ def diagnose(
         findings.extend(replace(f, evidence=normalise(f.evidence)) for f in r.findings
                         if f.code not in produced and f.layer in LAYERS
                         and f.severity in SEVERITIES)
+    act = judgement.activity(ctx)
+    findings = judgement.cap(ctx, act, findings)
     findings.sort(key=_sort_key)
     return Diagnosis(
         trace_id=trace.trace_id,
         baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
-        verdict=compute_verdict(ctx),
+        verdict=compute_verdict(ctx, findings, judgement.insufficient(ctx, act)),
         findings=findings,
         not_found=not_found,
         unavailable=unavailable,
