@@ -226,3 +226,6 @@ from nsysan.cli_compare import baseline_group, check_cmd, diff_cmd  # noqa: E402
 cli.add_command(diff_cmd)
 cli.add_command(check_cmd)
 cli.add_command(baseline_group)
+from nsysan.cli_compare import scaling_cmd  # noqa: E402  (own module)
+
+cli.add_command(scaling_cmd)

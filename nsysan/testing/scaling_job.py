@@ -62,6 +62,8 @@ class ScalingJob:
     layout: str = "2022.4"
     payload_layout: str | None = "json"
     prefix: str = "node"
+    step_name: str | None = "train_step"  # None: no step ranges (nor periodicity: 1 step)
+    compute_kernel: KernelName = BACKWARD  # the backward kernels (a workload's signature)
 
 
 @dataclass
@@ -128,15 +130,16 @@ def write_scaling_job(directory: str | Path, job: ScalingJob) -> ScalingTruth:
             b, g, local, pay = where(rank)
             hole = job.contention_ns if rank == job.contended_rank else 0
             host = t - 400_000  # the CPU runs ahead of the GPU by 0.4 ms
-            b.add_nvtx_range(g, host, host + 300_000, "train_step")
+            if job.step_name is not None:
+                b.add_nvtx_range(g, host, host + 300_000, job.step_name)
             b.add_nvtx_range(g, host + 10_000, host + 60_000, "forward")
             b.add_kernel(g, t, t + job.forward_ns, FORWARD, device_id=local, stream_id=7,
                          api_start=host + 20_000)
             b.add_nvtx_range(g, host + 70_000, host + 150_000, "backward")
             b1 = t + job.forward_ns
-            b.add_kernel(g, b1, b1 + half, BACKWARD, device_id=local, stream_id=7,
+            b.add_kernel(g, b1, b1 + half, job.compute_kernel, device_id=local, stream_id=7,
                          api_start=host + 80_000)
-            b.add_kernel(g, b1 + half + hole, b1 + 2 * half + hole, BACKWARD,
+            b.add_kernel(g, b1 + half + hole, b1 + 2 * half + hole, job.compute_kernel,
                          device_id=local, stream_id=7, api_start=host + 100_000)
             b.add_nvtx_range(g, host + 200_000, host + 260_000, "ncclAllReduce",
                              domain="NCCL")
