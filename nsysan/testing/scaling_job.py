@@ -162,3 +162,18 @@ def write_scaling_job(directory: str | Path, job: ScalingJob) -> ScalingTruth:
             add_payloads(path, payloads[k], job.payload_layout)
         truth.paths.append(path)
     return truth
+
+
+def eval_node_trace(path: str | Path, *, n_gpus: int = 4, n_steps: int = 6,
+                    comm_ns: int = 20_000_000, message_bytes: int = 1 << 29,
+                    payload_layout: str = "json") -> Path:
+    """One node of a job (every rank a process of one profile) written at ``path``: the
+    eval-corpus builder (``builder = "nsysan.testing.scaling_job:eval_node_trace"``). With no
+    waiting, every AllReduce's bus bandwidth is ``message_bytes / comm_ns x 2(n-1)/n``."""
+    path = Path(path)
+    job = ScalingJob(n_gpus=n_gpus, gpus_per_node=n_gpus, n_steps=n_steps, comm_ns=comm_ns,
+                     message_bytes=message_bytes, payload_layout=payload_layout,
+                     layout="2023.4" if payload_layout == "binary" else "2022.4",
+                     prefix=path.stem + "_node")
+    written = write_scaling_job(path.parent, job).paths[0]
+    return written.replace(path)
