@@ -128,7 +128,7 @@ def test_the_contended_rank_is_named(case):
 
 def test_verdict_names_exposed_communication(case):
     v = case[4].verdict
-    assert "8 → 64 GPUs: 53.0%" in v
+    assert v.startswith("8gpu → 64gpu (8 → 64 GPUs): scaling efficiency 53.0%")
     assert "The loss is exposed communication" in v
     assert "ends with 179.8 ms of exposed AllReduce" in v and "was 20.0 ms" in v
     assert "40% of the rated 25 GB/s inter-node link" in v
@@ -193,6 +193,10 @@ def test_same_scale_is_not_comparable(case):
     runs = case[3]
     res = scaling([runs[0], runs[0]], ScalingParams(weak=True))
     assert not res.comparable and "both use 8 GPUs" in res.blockers[0]
+    # among other scales, a same-scale pair is left out with a note
+    res = scaling([runs[0], runs[1], runs[1]], ScalingParams(weak=True))
+    assert res.comparable and res.efficiency.height == 2
+    assert any("both use 64 GPUs" in n for n in res.notes)
 
 
 def test_params_are_checked():

@@ -25,7 +25,8 @@ collectives, `nsysan.multirank`) and by idle time, collectives by their change p
 
 **Not comparable** (``comparable`` false, exit 4 in the CLI, with every reason): a run
 without common steady steps, runs whose compute-kernel mix differs (different workloads,
-`kernel_mix_similarity` below the threshold), runs on the same number of GPUs.
+`kernel_mix_similarity` below the threshold), runs that are all on the same number of GPUs.
+Two runs at one scale among others (before and after a fix) form no pair: a note says so.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def _verdict(a: ScaleRun, b: ScaleRun, eff: dict[str, Any], dec: pl.DataFrame,
     ci = (f" ({params_conf(eff)} interval {eff['ci_low']:.1%}–{eff['ci_high']:.1%})"
           if eff["ci_low"] is not None else "")
     delta = eff["new_step_ns"] - eff["base_step_ns"]
-    parts = [f"Scaling efficiency {a.n_gpus} → {b.n_gpus} GPUs: {eff['efficiency']:.1%}{ci}; "
+    parts = [f"{a.run} → {b.run} ({a.n_gpus} → {b.n_gpus} GPUs): scaling efficiency "
+             f"{eff['efficiency']:.1%}{ci}; "
              f"step time {_ms(eff['base_step_ns'])} → {_ms(eff['new_step_ns'])} "
              f"({'+' if delta >= 0 else ''}{delta / 1e6:.1f} ms per step)."]
     states = dec.filter(pl.col("by") == "state").sort("delta_ns_per_step", descending=True)
@@ -253,7 +255,7 @@ def _verdict(a: ScaleRun, b: ScaleRun, eff: dict[str, Any], dec: pl.DataFrame,
                          for s in states.slice(1).iter_rows(named=True))
         parts.append(f"The loss is {STATE_LABEL[top['item']]}: "
                      f"{top['delta_ns_per_step'] / 1e6:+.1f} ms per step "
-                     f"({top['share_of_delta']:.0%} of the growth; {rest}).")
+                     f"({top['share_of_delta']:.1%} of the growth; {rest}).")
     gap_a, gap_b = eff["base_end_gap_comm_ns"], eff["new_end_gap_comm_ns"]
     if gap_b is not None and gap_a is not None:
         ops = b.collectives.sort("exposed_ns_per_step", descending=True)["op"].head(1)
@@ -322,10 +324,12 @@ def scaling(runs: list[ScaleRun], params: ScalingParams) -> ScalingResult:
     work = list(params.work_per_step or [float(r.n_gpus) for r in runs])
     order = sorted(range(len(runs)), key=lambda i: (runs[i].n_gpus, i))
     pairs = [(order[i], order[j]) for i in range(len(order)) for j in range(i + 1, len(order))]
-    for i, j in pairs:
-        if runs[i].n_gpus == runs[j].n_gpus:
-            blockers.append(f"runs {runs[i].run} and {runs[j].run} both use {runs[i].n_gpus} "
-                            "GPUs: not two scales")
+    same = [(i, j) for i, j in pairs if runs[i].n_gpus == runs[j].n_gpus]
+    for i, j in same:
+        reason = (f"runs {runs[i].run} and {runs[j].run} both use {runs[i].n_gpus} GPUs: not "
+                  "two scales (compare them with `nsysan diff`)")
+        (notes if len(same) < len(pairs) else blockers).append(reason)
+    pairs = [p for p in pairs if p not in same]
     findings = [f for r in runs for f in _bandwidth_findings(r, params.link)]
     collectives = pl.concat([r.collectives for r in runs if not r.collectives.is_empty()],
                             how="diagonal_relaxed") if any(
@@ -348,5 +352,5 @@ def scaling(runs: list[ScaleRun], params: ScalingParams) -> ScalingResult:
         verdicts.append(_verdict(a, b, eff, dec, g, findings))
     return ScalingResult(
         runs, params, pl.DataFrame(effs, schema=EFFICIENCY), pl.concat(decs),
-        pl.concat(growth), collectives, blockers, notes, findings, " ".join(verdicts),
+        pl.concat(growth), collectives, blockers, notes, findings, "\n\n".join(verdicts),
         similarity)

@@ -48,7 +48,10 @@ def summary_lines(res: ScalingResult) -> list[str]:
 
 
 def markdown(res: ScalingResult, top: int = 10) -> str:
-    out = ["# nsysan scaling", "", md_text(res.verdict), "", "## Runs", "",
+    out = ["# nsysan scaling", ""]
+    for para in res.verdict.split("\n\n"):
+        out += [md_text(para), ""]
+    out += ["## Runs", "",
            "| run | GPUs | ranks | nodes | steady steps | source |", "|---|---|---|---|---|---|"]
     for r in res.runs:
         out.append(f"| {md_text(r.run)} | {r.n_gpus} | {r.n_ranks} | "
