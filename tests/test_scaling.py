@@ -242,3 +242,9 @@ def test_outputs_are_deterministic(case, small, tmp_path):
     assert outs[0].keys() == outs[1].keys()
     for name in outs[0]:
         assert outs[0][name] == outs[1][name], name
+
+
+def test_cli_bad_input_is_one_error_line(small, tmp_path):
+    r = CliRunner().invoke(cli, ["scaling", str(tmp_path / "absent"), str(small / "g4"),
+                                 "--weak"])
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and "absent" in r.output

@@ -42,6 +42,7 @@ from nsysan.frames import intervals as iv
 from nsysan.multirank.job import JobParams, JobResult, analyze_job
 from nsysan.passes import device_blocks
 from nsysan.passes.nccl_names import with_bandwidth
+from nsysan.report.ownership import MARKER
 
 GPU_IDLE = "GPU idle"
 STATES = ("compute", "communication", "copies", "idle")
@@ -350,7 +351,7 @@ def expand_run(spec: str) -> list[str]:
         raise ConfigError(f"empty run {spec!r}")
     for p in parts:
         d = Path(p)
-        if (d / "manifest.json").is_file() or (d / "ranks.parquet").is_file():
+        if any((d / n).is_file() for n in ("manifest.json", "ranks.parquet", MARKER)):
             raise ConfigError(f"{p}: an nsysan output folder; nsysan scaling reads the rank "
                               "profiles themselves: pass the profiles or their folder")
     return parts
