@@ -151,3 +151,18 @@ def test_real_h100_trace_has_schemas_but_no_sizes(shared_traces):
     assert t.frame("nvtx")["payload_json"].null_count() == t.frame("nvtx").height
     table = nccl.nccl_ops(t, nccl.NcclParams())
     assert table.height > 0 and table["bytes"].null_count() == table.height
+
+
+def test_decoded_payloads_do_not_depend_on_row_order(tmp_path):
+    from row_order import shuffled_copy
+
+    job = ScalingJob(n_gpus=4, gpus_per_node=4, n_steps=3, layout="2023.4",
+                     payload_layout="binary")
+    src = write_scaling_job(tmp_path / "a", job).paths[0]
+    dst = tmp_path / "shuffled.sqlite"
+    changed = shuffled_copy(src, dst, seed=3)
+    assert "NVTX_EVENTS" in changed
+    frames = [open_trace(p).frame("nvtx").drop("trace_id")
+              for p in (src, dst)]
+    assert frames[0]["payload_json"].null_count() < frames[0].height
+    assert_frame_equal(frames[0], frames[1])
