@@ -166,3 +166,27 @@ def test_decoded_payloads_do_not_depend_on_row_order(tmp_path):
               for p in (src, dst)]
     assert frames[0]["payload_json"].null_count() < frames[0].height
     assert_frame_equal(frames[0], frames[1])
+
+
+def test_parquetdir_binary_column_decodes_the_same(tmp_path):
+    """A parquetdir export stores binaryData as a Parquet binary column."""
+    job = ScalingJob(n_gpus=2, gpus_per_node=2, n_steps=2, layout="2023.4",
+                     payload_layout="binary")
+    src = write_scaling_job(tmp_path / "a", job).paths[0]
+    out = tmp_path / "run.parquetdir"
+    out.mkdir()
+    con = sqlite3.connect(src)
+    for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+        cur = con.execute(f'SELECT * FROM "{table}"')
+        cols = [c[0] for c in cur.description]
+        rows = cur.fetchall()
+        data = {c: [r[i] for r in rows] for i, c in enumerate(cols)}
+        schema = {c: (pl.Binary if c == "binaryData" else None) for c in cols}
+        df = pl.DataFrame({c: pl.Series(c, v, dtype=schema[c], strict=False)
+                           for c, v in data.items()})
+        df.write_parquet(out / f"{table}.parquet")
+    con.close()
+    a = open_trace(src).frame("nvtx").drop("trace_id")
+    b = open_trace(out).frame("nvtx").drop("trace_id")
+    assert a["payload_json"].null_count() < a.height
+    assert a["payload_json"].to_list() == b["payload_json"].to_list()
