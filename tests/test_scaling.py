@@ -249,3 +249,20 @@ def test_cli_bad_input_is_one_error_line(small, tmp_path):
     r = CliRunner().invoke(cli, ["scaling", str(tmp_path / "absent"), str(small / "g4"),
                                  "--weak"])
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "absent" in r.output
+
+
+def test_real_mpi_ranks_without_nccl_compare(shared_traces):
+    """Rank 3 alone vs ranks 3 and 7 of the gpubootcamp Jacobi job: same work per GPU, no
+    NCCL (CUDA-aware MPI copies), so no collectives table and no sizes."""
+    boot = sorted((shared_traces / "gpubootcamp-jacobi-multigpu").glob("*.sqlite"))
+    one, two = measure_run(str(boot[0]), label="r3"), measure_run(",".join(map(str, boot)),
+                                                                  label="r3+r7")
+    res = scaling([one, two], ScalingParams(weak=True))
+    assert res.comparable, res.blockers
+    e = res.efficiency.row(0, named=True)
+    assert e["ci_low"] <= e["efficiency"] <= e["ci_high"]
+    assert e["efficiency"] == pytest.approx(e["base_step_ns"] / e["new_step_ns"], rel=1e-12)
+    for by in ("state", "layer"):
+        got = res.decomposition.filter(pl.col("by") == by)["delta_ns_per_step"].sum()
+        assert got == pytest.approx(e["new_step_ns"] - e["base_step_ns"], abs=1e-3)
+    assert "No NCCL kernels" in res.verdict

@@ -258,10 +258,15 @@ def _verdict(a: ScaleRun, b: ScaleRun, eff: dict[str, Any], dec: pl.DataFrame,
                      f"({top['share_of_delta']:.1%} of the growth; {rest}).")
     gap_a, gap_b = eff["base_end_gap_comm_ns"], eff["new_end_gap_comm_ns"]
     if gap_b is not None and gap_a is not None:
-        ops = b.collectives.sort("exposed_ns_per_step", descending=True)["op"].head(1)
-        what = f"exposed {ops[0]}" if ops.len() else "exposed communication"
-        parts.append(f"Every step now ends with {_ms(gap_b)} of {what} after the last compute "
-                     f"kernel (was {_ms(gap_a)}).")
+        if b.collectives.is_empty():
+            parts.append(f"No NCCL kernels: every step ends with {_ms(eff['new_end_gap_ns'])} "
+                         f"of copies or idle GPU after the last compute kernel (was "
+                         f"{_ms(eff['base_end_gap_ns'])}).")
+        else:
+            op = b.collectives.sort(["exposed_ns_per_step", "op"],
+                                    descending=[True, False])["op"][0]
+            parts.append(f"Every step now ends with {_ms(gap_b)} of exposed {op} after the "
+                         f"last compute kernel (was {_ms(gap_a)}).")
     for f in findings:
         if f.evidence.get("run") == b.run:
             e = f.evidence
