@@ -265,6 +265,9 @@ class SqliteSource:
         `read` (rightly, for a TEXT column) reads as NULL. Values longer than ``max_bytes``
         and numbers are NULL; the bytes pass as hex text, decoded in polars."""
         q = _quote(column)
+        if not self._execute(f"SELECT 1 FROM {_quote(table)} WHERE {q} IS NOT NULL LIMIT 1"):
+            # the column exists but holds nothing (e.g. payload schemas without blobs)
+            return pl.Series(column, [None] * self.tables().get(table, 0), dtype=pl.Binary)
         sql = (f"SELECT CASE WHEN typeof({q}) IN ('blob', 'text') AND "
                f"length(CAST({q} AS BLOB)) <= {int(max_bytes)} THEN hex({q}) END "
                f"FROM {_quote(table)}")
