@@ -1,9 +1,10 @@
-"""``nsysan diff``, ``nsysan check`` and ``nsysan baseline``: compare runs, gate CI.
+"""``nsysan diff``, ``check``, ``baseline`` and ``scaling``: compare runs, gate CI.
 
 Thin: parse, call `nsysan.compare`, render. Exit status: 0 ok; 1 error (bad input, invalid
 budget); 2 usage; 3 a budget rule is violated (``check``) or a metric regressed (``diff
 --fail-on-regression``); 4 the comparison is not possible (``check``: a rule not comparable and
-none violated; ``diff --fail-on-regression``: nothing comparable).
+none violated; ``diff --fail-on-regression``: nothing comparable; ``scaling``: the runs are
+not comparable).
 """
 
 from __future__ import annotations
