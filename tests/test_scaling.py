@@ -124,6 +124,11 @@ def test_the_contended_rank_is_named(case):
     assert late["rank"] == LATE and late["n_last"] == 8
     assert late["wait_imposed_ns_per_step"] == pytest.approx(63 * CONTENTION)
     assert late["idle_growth_ns"] == pytest.approx(CONTENTION, rel=0.02)
+    others = res.ranks.filter(pl.col("rank") != LATE)
+    assert others["n_last"].sum() == 0 and others["wait_imposed_ns_per_step"].sum() == 0
+    assert others["wait_ns_per_step"].to_list() == pytest.approx([CONTENTION] * 63)
+    # at 8 GPUs everyone arrives together: nobody is last (skew under the threshold)
+    assert case[3][0].ranks["n_last"].sum() == 0
 
 
 def test_verdict_names_exposed_communication(case):

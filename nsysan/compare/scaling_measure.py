@@ -250,8 +250,8 @@ def _in_steps(job: JobResult, keys: pl.DataFrame, step_rows: pl.DataFrame) -> pl
 
 
 def _collectives(run: str, job: JobResult, keys: pl.DataFrame, step_rows: pl.DataFrame,
-                 n_steps: int, n_nodes: int | None, gpu_names: list[str], link: LinkParams
-                 ) -> pl.DataFrame:
+                 coll: pl.DataFrame, n_steps: int, n_nodes: int | None, gpu_names: list[str],
+                 link: LinkParams) -> pl.DataFrame:
     """Per NCCL op: count and time per step, exposed time, arrival skew, waiting, message size,
     transfer time and bus bandwidth, and the rated link it is compared with."""
     from nsysan.passes.nccl import nominal_link_gbps
@@ -270,7 +270,7 @@ def _collectives(run: str, job: JobResult, keys: pl.DataFrame, step_rows: pl.Dat
         pl.col("n_ranks").max(),
         pl.col("busbw_gbps").median().alias("kernel_busbw_gbps"),
     )
-    coll = job.collectives.filter(pl.col("kind") == "nccl")
+    coll = coll.filter(pl.col("kind") == "nccl")
     if not coll.is_empty():
         inst = coll.group_by("instance", "name").agg(
             (pl.col("end_ns").min() - pl.col("arrival_ns").max()).alias("transfer_ns"),
@@ -308,7 +308,29 @@ def _collectives(run: str, job: JobResult, keys: pl.DataFrame, step_rows: pl.Dat
     ).sort("op")
 
 
-def _ranks(run: str, job: JobResult, steps: pl.DataFrame) -> pl.DataFrame:
+def _steady_collectives(job: JobResult, steps: pl.DataFrame) -> pl.DataFrame:
+    """The matched collective rows (one per instance and rank) whose arrival lies in one of
+    that rank's steady steps: step windows moved to the job timeline by the rank's clock
+    offset."""
+    coll = job.collectives
+    if coll.is_empty() or steps.is_empty():
+        return coll.head(0)
+    win = steps.join(job.ranks.select("rank", "clock_offset_ns"), on="rank").select(
+        "rank", (pl.col("start_ns") + pl.col("clock_offset_ns")).alias("_ws"),
+        (pl.col("end_ns") + pl.col("clock_offset_ns")).alias("_we"))
+    return (
+        coll.sort("arrival_ns")
+        .join_asof(win.sort("_ws"), left_on="arrival_ns", right_on="_ws", by="rank",
+                   strategy="backward", check_sortedness=False)
+        .filter(pl.col("_ws").is_not_null() & (pl.col("arrival_ns") < pl.col("_we")))
+        .drop("_ws", "_we")
+    )
+
+
+def _ranks(run: str, job: JobResult, steps: pl.DataFrame, coll: pl.DataFrame,
+           min_skew_ns: int) -> pl.DataFrame:
+    """Per rank: means per steady step, and the collectives it arrived last at in its steady
+    steps with the waiting that imposed on the others (summed over them) and its own wait."""
     n = max(steps["step"].n_unique(), 1) if not steps.is_empty() else 1
     per = steps.group_by("rank").agg(
         pl.col("duration_ns").mean().alias("step_ns"),
@@ -316,12 +338,20 @@ def _ranks(run: str, job: JobResult, steps: pl.DataFrame) -> pl.DataFrame:
         pl.col("communication_ns").mean().alias("communication_ns"),
         pl.col("idle_ns").mean().alias("idle_ns"),
     )
-    info = job.ranks.select("rank", "hostname", "n_last", "wait_ns", "wait_imposed_ns")
-    return info.join(per, on="rank", how="left").select(
+    last = (pl.col("last_rank") == pl.col("rank")) & (pl.col("skew_ns") >= min_skew_ns)
+    waits = coll.group_by("rank").agg(
+        last.sum().cast(pl.Int64).alias("n_last"),
+        pl.col("wait_ns").sum().alias("_wait"),
+        pl.col("wait_imposed_ns").filter(pl.col("last_rank") == pl.col("rank")).sum()
+        .alias("_imposed"),
+    ) if not coll.is_empty() else pl.DataFrame(schema={
+        "rank": pl.Int64, "n_last": pl.Int64, "_wait": pl.Int64, "_imposed": pl.Int64})
+    info = job.ranks.select("rank", "hostname")
+    return info.join(per, on="rank", how="left").join(waits, on="rank", how="left").select(
         pl.lit(run).alias("run"), "rank", "hostname", "step_ns", "end_gap_ns",
-        "communication_ns", "idle_ns", "n_last",
-        (pl.col("wait_ns") / n).alias("wait_ns_per_step"),
-        (pl.col("wait_imposed_ns") / n).alias("wait_imposed_ns_per_step"),
+        "communication_ns", "idle_ns", pl.col("n_last").fill_null(0),
+        (pl.col("_wait").fill_null(0) / n).alias("wait_ns_per_step"),
+        (pl.col("_imposed").fill_null(0) / n).alias("wait_imposed_ns_per_step"),
     ).sort("rank")
 
 
@@ -363,6 +393,7 @@ def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | No
     """Measure one job (see the module docstring)."""
     paths = expand_run(spec) if isinstance(spec, str) else [str(p) for p in spec]
     link = link or LinkParams()
+    job_params = job_params or JobParams()
     job = analyze_job(paths, params=job_params, nsys=nsys)
     notes = list(job.notes)
     keys = _rank_keys(job)
@@ -385,10 +416,12 @@ def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | No
         notes.append("NCCL message sizes unknown (no NVTX payloads in these profiles): bus "
                      "bandwidth not measured, the duration-based analysis stands")
     time_mix, launch_mix = _mix(job, keys)
+    coll = _steady_collectives(job, rows)
     return ScaleRun(
         run=run, source=", ".join(paths), n_gpus=n_gpus, n_ranks=job.ranks.height,
         n_nodes=n_nodes, steps=rows, layers=layers,
-        collectives=_collectives(run, job, keys, rows, n_steps, n_nodes, gpu_names, link),
-        ranks=_ranks(run, job, rows), kernel_mix=time_mix, launch_mix=launch_mix,
+        collectives=_collectives(run, job, keys, rows, coll, n_steps, n_nodes, gpu_names, link),
+        ranks=_ranks(run, job, rows, coll, job_params.min_skew_ns), kernel_mix=time_mix,
+        launch_mix=launch_mix,
         gpu_names=gpu_names, job=job, notes=notes,
     )
