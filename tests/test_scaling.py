@@ -271,3 +271,14 @@ def test_real_mpi_ranks_without_nccl_compare(shared_traces):
         got = res.decomposition.filter(pl.col("by") == by)["delta_ns_per_step"].sum()
         assert got == pytest.approx(e["new_step_ns"] - e["base_step_ns"], abs=1e-3)
     assert "No NCCL kernels" in res.verdict
+
+
+def test_cli_work_per_step_per_run(small):
+    r = CliRunner().invoke(cli, ["scaling", str(small / "g4"), str(small / "g16"),
+                                 "--samples-per-step", "128", "--samples-per-step", "1024",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.output)["efficiency"][0]
+    want = (1024 / (e["new_step_ns"] * 16)) / (128 / (e["base_step_ns"] * 4))
+    assert e["mode"] == "work" and e["efficiency"] == pytest.approx(want, rel=1e-12)
+    assert e["new_throughput_per_gpu"] == pytest.approx(1024 / 16 / e["new_step_ns"] * 1e9)
