@@ -169,7 +169,7 @@ def _efficiency(a: ScaleRun, b: ScaleRun, wa: float, wb: float, params: ScalingP
     }
 
 
-def _means(r: ScaleRun) -> pl.DataFrame:
+def item_means(r: ScaleRun) -> pl.DataFrame:
     """``by, item, kind, ns``: mean ns per (rank, step) of every item of both partitions."""
     n = r.steps.height
     states = pl.DataFrame({
@@ -182,7 +182,7 @@ def _means(r: ScaleRun) -> pl.DataFrame:
 
 
 def _decomposition(a: ScaleRun, b: ScaleRun, total: float) -> pl.DataFrame:
-    ma, mb = _means(a), _means(b)
+    ma, mb = item_means(a), item_means(b)
     d = (ma.rename({"ns": "base_ns_per_step"})
          .join(mb.rename({"ns": "new_ns_per_step"}), on=["by", "item", "kind"], how="full",
                coalesce=True)

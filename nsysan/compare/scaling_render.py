@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from nsysan.compare.scaling import STATE_LABEL, ScalingResult
+from nsysan.compare.scaling import STATE_LABEL, ScalingResult, item_means
 from nsysan.escape import md_code, md_text
 from nsysan.report.targets import write_files
 
@@ -142,8 +142,6 @@ def picture_png(res: ScalingResult) -> bytes | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from nsysan.compare.scaling import _means
-
     fig = Figure(figsize=(11, 4.2), dpi=100)
     FigureCanvasAgg(fig)
     ax, ax2 = fig.subplots(1, 2)
@@ -154,7 +152,7 @@ def picture_png(res: ScalingResult) -> bytes | None:
     for state, color in colors.items():
         vals = []
         for r in res.runs:
-            m = _means(r).filter((pl.col("by") == "state") & (pl.col("item") == state))
+            m = item_means(r).filter((pl.col("by") == "state") & (pl.col("item") == state))
             vals.append(float(m["ns"][0]) / 1e6 if m.height else 0.0)
         ax.bar(range(len(vals)), vals, bottom=bottoms, color=color,
                label=STATE_LABEL[state])
