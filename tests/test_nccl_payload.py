@@ -190,3 +190,15 @@ def test_parquetdir_binary_column_decodes_the_same(tmp_path):
     b = open_trace(out).frame("nvtx").drop("trace_id")
     assert a["payload_json"].null_count() < a.height
     assert a["payload_json"].to_list() == b["payload_json"].to_list()
+
+
+def test_hostile_schema_offsets_are_left_out(tmp_path):
+    path = _one(tmp_path, FULL[:1])
+    con = sqlite3.connect(path)
+    sid = NCCL_SCHEMAS["all_reduce"].schema_id
+    con.execute("UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET offset = -8 WHERE schemaId = ? AND "
+                "idx = 1", (sid,))
+    con.commit()
+    con.close()
+    got, _ = _payloads(path)
+    assert got[0] == {"NCCL communicator ID": ID}  # the size field is unreadable: left out

@@ -176,7 +176,7 @@ def _render(buf: np.ndarray, size: np.ndarray, off: int, length: int,
     """JSON text per row of ``buf`` (blobs of one length, schema and payload offset)."""
     pieces = []
     for e in entries:
-        if e["dtype"] is None or e["offset"] is None or not e["name"]:
+        if e["dtype"] is None or e["offset"] is None or e["offset"] < 0 or not e["name"]:
             continue
         width = np.dtype(e["dtype"]).itemsize
         end = e["offset"] + width  # inside the payload
