@@ -298,7 +298,8 @@ def scaling_cmd(runs: tuple[str, ...], out: Path | None, weak: bool, samples: tu
     """Where multi-GPU efficiency goes between scales of one job.
 
     Each RUN is one job at one scale: a folder of rank profiles, one multi-process profile,
-    or profiles joined by commas. Give the work per step of every run (--samples-per-step or
+    profiles joined by commas, or an analyze / batch output folder (its profiles are read
+    again). Give the work per step of every run (--samples-per-step or
     --tokens-per-step, once per RUN) or --weak. Exit 4 when the runs are not comparable."""
     from nsysan.compare.scaling import ScalingParams, scaling
     from nsysan.compare.scaling_measure import LinkParams, expand_run, measure_run
@@ -329,13 +330,13 @@ def scaling_cmd(runs: tuple[str, ...], out: Path | None, weak: bool, samples: tu
                            work_unit="tokens" if tokens else "samples",
                            stats=StatsParams(confidence=confidence),
                            min_kernel_mix_similarity=min_similarity, link=link)
-    inputs = _input_paths(*(p for r in runs for p in r.split(",")))
+    specs = [expand_run(r) for r in runs]  # an unusable RUN fails now, before any analysis
+    inputs = _input_paths(*(p for r in runs for p in r.split(",")),
+                          *(p for spec in specs for p in spec))
     if out is not None:
         check_files(out, SCALING_FILES, kind="scaling", names=SCALING_FILES, inputs=inputs)
-    for r in runs:
-        expand_run(r)  # an unusable RUN fails now, before any analysis
-    measured = [measure_run(r, label=r, link=link, nsys=str(nsys) if nsys else None)
-                for r in runs]
+    measured = [measure_run(spec, label=r, link=link, nsys=str(nsys) if nsys else None)
+                for r, spec in zip(runs, specs, strict=True)]
     res = scaling(measured, params)
     if out is not None:
         write_scaling(res, out, inputs=inputs)

@@ -213,10 +213,32 @@ def test_params_are_checked():
         LinkParams(inter_node_gbps=-1)
 
 
-def test_output_folder_as_run_is_refused(tmp_path):
-    (tmp_path / "manifest.json").write_text("{}")
-    with pytest.raises(ConfigError, match="output folder"):
-        measure_run(str(tmp_path))
+def test_output_folders_as_runs(small, tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError, match="names no input profile"):
+        measure_run(str(tmp_path / "bad"))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "ranks.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError, match="job or comparison output folder"):
+        measure_run(str(tmp_path / "job"))
+    # an analyze output root stands for the profile it analysed, read again
+    import shutil
+
+    src = tmp_path / "g4"
+    shutil.copytree(small / "g4", src)
+    out = tmp_path / "analysed"
+    assert CliRunner().invoke(cli, ["analyze", str(src / "node00.sqlite"), "-o",
+                                    str(out)]).exit_code == 0
+    got = measure_run(str(out), label="x")
+    want = measure_run(str(src), label="x")
+    assert got.steps.equals(want.steps) and got.n_gpus == 4
+    (src / "node00.sqlite").write_bytes((src / "node00.sqlite").read_bytes() + b"\0")
+    with pytest.raises(ConfigError, match="changed since it was analysed"):
+        measure_run(str(out))
+    (src / "node00.sqlite").unlink()
+    r = CliRunner().invoke(cli, ["scaling", str(out), str(small / "g16"), "--weak"])
+    assert r.exit_code == 1 and "is not there any more" in r.output
 
 
 def test_real_multirank_traces_analyse_with_sizes_unknown(shared_traces):

@@ -375,16 +375,59 @@ def _mix(job: JobResult, keys: pl.DataFrame) -> tuple[dict[str, float], dict[str
 
 
 def expand_run(spec: str) -> list[str]:
-    """A RUN argument: a profile, a folder of rank profiles, or profiles joined by commas."""
+    """A RUN argument: a profile, a folder of rank profiles, profiles joined by commas, or an
+    ``nsysan analyze`` / ``nsysan batch`` output folder, which stands for the profiles it
+    analysed (`profiles_of_output`)."""
     parts = [p for p in spec.split(",") if p]
     if not parts:
         raise ConfigError(f"empty run {spec!r}")
+    out: list[str] = []
     for p in parts:
         d = Path(p)
-        if any((d / n).is_file() for n in ("manifest.json", "ranks.parquet", MARKER)):
-            raise ConfigError(f"{p}: an nsysan output folder; nsysan scaling reads the rank "
-                              "profiles themselves: pass the profiles or their folder")
-    return parts
+        analysed = profiles_of_output(d)
+        if analysed is not None:
+            out += analysed
+            continue
+        if any((d / n).is_file() for n in ("ranks.parquet", MARKER)):
+            raise ConfigError(f"{p}: an nsysan job or comparison output folder; nsysan "
+                              "scaling reads the rank profiles: pass them or their folder")
+        out.append(p)
+    return out
+
+
+def profiles_of_output(d: Path) -> list[str] | None:
+    """The profiles an analyze output folder (``manifest.json`` in it) or a batch / analyze
+    root (one per subfolder) analysed, from the manifests; None when ``d`` is no such folder.
+    The per-rank timelines a scaling analysis needs are not in the outputs, so the profiles
+    are read again: each must still be where the manifest says, with the recorded sha256."""
+    import json
+
+    from nsysan.report.manifest import describe_path
+
+    if not d.is_dir():
+        return None
+    manifests = ([d / "manifest.json"] if (d / "manifest.json").is_file()
+                 else sorted(d.glob("*/manifest.json")))
+    if not manifests:
+        return None
+    paths = []
+    for m in manifests:  # one per analysed profile
+        try:
+            inputs = json.loads(m.read_text(encoding="utf-8")).get("inputs") or []
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{m}: unreadable manifest ({exc})") from None
+        if not inputs or not inputs[0].get("path"):
+            raise ConfigError(f"{m}: the manifest names no input profile")
+        given = inputs[0]
+        now = describe_path(Path(given["path"]))
+        if now["kind"] == "missing":
+            raise ConfigError(f"{m}: the profile it analysed, {given['path']}, is not there any "
+                              "more: pass the rank profiles themselves")
+        if given.get("sha256") and now["sha256"] != given["sha256"]:
+            raise ConfigError(f"{m}: {given['path']} changed since it was analysed (sha256 "
+                              "differs): pass the profiles, or analyse them again")
+        paths.append(str(given["path"]))
+    return paths
 
 
 def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | None = None,
