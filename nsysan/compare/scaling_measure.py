@@ -406,8 +406,10 @@ def profiles_of_output(d: Path) -> list[str] | None:
 
     if not d.is_dir():
         return None
-    manifests = ([d / "manifest.json"] if (d / "manifest.json").is_file()
-                 else sorted(d.glob("*/manifest.json")))
+    # batch names outputs by the input's relative path: they can sit several folders deep
+    manifests = ([d / "manifest.json"] if (d / "manifest.json").is_file() else sorted(
+        m for m in d.rglob("manifest.json")
+        if not any(part.startswith(".") for part in m.relative_to(d).parts)))
     if not manifests:
         return None
     paths = []
