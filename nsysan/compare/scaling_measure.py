@@ -406,6 +406,11 @@ def profiles_of_output(d: Path) -> list[str] | None:
 
     if not d.is_dir():
         return None
+    from nsysan.load.parquetdir import is_parquetdir
+
+    if any(p.suffix.lower() in (".sqlite", ".nsys-rep", ".qdrep") or is_parquetdir(p)
+           for p in d.iterdir()):
+        return None  # a folder of profiles (perhaps with analyses beside them)
     # batch names outputs by the input's relative path: they can sit several folders deep
     manifests = ([d / "manifest.json"] if (d / "manifest.json").is_file() else sorted(
         m for m in d.rglob("manifest.json")
