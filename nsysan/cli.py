@@ -230,3 +230,7 @@ cli.add_command(baseline_group)
 from nsysan.cli_findings import findings_cmd  # noqa: E402  (own module)
 
 cli.add_command(findings_cmd)
+
+from nsysan.cli_compare import scaling_cmd  # noqa: E402  (own module)
+
+cli.add_command(scaling_cmd)

@@ -183,7 +183,11 @@ _SPECS = (
         severity_rule=(
             "Median bus bandwidth of collectives of >= 1 MiB (message size from NCCL's NVTX "
             "payload or the nccl pass) below 10 GB/s: warning; below 2 GB/s: critical. Only "
-            "evaluated when message sizes are known."
+            "evaluated when message sizes are known. `nsysan scaling` judges each job on the "
+            "bus bandwidth over the transfer (first end minus last arrival: waiting for late "
+            "ranks excluded) of collectives >= 16 MiB against the rated link (nominal NVLink / "
+            "PCIe of the GPU model inside a node; `--inter-node-gbps` between nodes): below "
+            "50% of it: warning; below 25%: critical."
         ),
         advice=(
             "Compare with `nccl-tests` on the same nodes; check NCCL_DEBUG=INFO for the "
