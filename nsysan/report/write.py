@@ -87,7 +87,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-png") as pool:
         drawn = [pool.submit(plots.timeline_png, tl, out / name)
                  for tl, (_, name) in zip(timelines, pngs, strict=True)]
-        html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers)
+        html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers,
+                                 tables)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
                             tables.get("overlap"))
         bars = ([plots.layers_png(layers, out / "layers.png")]
