@@ -120,10 +120,10 @@ _TABLES = {
 
 
 def _cell(v: Any, kind: str) -> str:
+    if kind == "text":
+        return f"<td>{esc('n/a' if v is None else str(v))}</td>"
     if v is None:
         return "<td data-v=''>n/a</td>"
-    if kind == "text":
-        return f"<td>{esc(str(v))}</td>"
     shown = {"ns": fmt_ns, "frac": fmt_frac, "t": _t}.get(kind, lambda x: f"{x:,}")(v)
     return f"<td data-v='{v!r}'>{esc(shown)}</td>"
 

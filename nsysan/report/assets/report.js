@@ -519,6 +519,7 @@
           device: highlight.dev},
         devices: blocks.filter(function (b) { return b.kind === "device"; }).map(function (b) {
           return {id: b.dev.id, rects: b.rects, mode: b.mode, lanes: b.dev.lanes.length,
+            width: b.w, left: LEFT,
             rows: b.rows.map(function (r) { return {type: r.type, label: r.label, rects: r.rects}; })};
         }),
         nvtxRects: blocks.filter(function (b) { return b.kind === "nvtx"; })
