@@ -33,11 +33,16 @@ def _read(data: bytes) -> tuple[dict[int, str], dict[int, int | None], Counter, 
     trace.ParseFromString(data)
     names, parents, begun = {}, {}, Counter()
     interned: dict[int, str] = {}
+    categories: dict[int, str] = {}
+    assert trace.packet[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
     stacks: dict[int, list] = defaultdict(list)
+    begun_cats: dict[int, Counter] = defaultdict(Counter)
     closed: dict[int, list] = defaultdict(list)
     for p in trace.packet:
         for e in p.interned_data.event_names:
             interned[e.iid] = e.name
+        for e in p.interned_data.event_categories:
+            categories[e.iid] = e.name
         if p.HasField("track_descriptor"):
             d = p.track_descriptor
             names[d.uuid] = d.name
@@ -48,11 +53,13 @@ def _read(data: bytes) -> tuple[dict[int, str], dict[int, int | None], Counter, 
         if te.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             begun[te.track_uuid] += 1
             stacks[te.track_uuid].append((p.timestamp, interned[te.name_iid]))
+            begun_cats[te.track_uuid].update(categories[c] for c in te.category_iids)
         elif te.type == pb.TrackEvent.TYPE_SLICE_END:
             start, name = stacks[te.track_uuid].pop()  # (IndexError: an end without begin)
             assert p.timestamp >= start
             closed[te.track_uuid].append((start, p.timestamp, name))
     assert all(not s for s in stacks.values()), "slices left open"
+    begun.categories = begun_cats  # type: ignore[attr-defined]
     return names, parents, begun, closed
 
 
@@ -84,6 +91,12 @@ def _check(result) -> tuple[dict, Counter]:
         if parent is not None and names[parent].startswith("GPU "):
             got[names[parent] + "/" + names[uuid].split(" (")[0]] += n
     assert got == want
+    cats: Counter = Counter()  # each op's class is its slice's category
+    for uuid, c in begun.categories.items():
+        parent = parents[uuid]
+        if parent is not None and names[parent].startswith("GPU "):
+            cats.update(c)
+    assert cats == Counter(ops["op_class"].to_list())
     nvtx = result.trace.nvtx.filter(pl.col("end_ns").is_not_null())
     for (pid, tid), g in nvtx.partition_by(["pid", "tid"], as_dict=True).items():
         assert counts[f"NVTX pid {pid} tid {tid}"] == g.height
