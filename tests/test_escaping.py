@@ -185,8 +185,9 @@ def test_findings_md_is_inert(hostile_out: Path) -> None:
 def test_report_html_escapes(hostile_out: Path) -> None:
     html = (hostile_out / "report.html").read_text()
     assert "alert(1)" in html
-    # the page's own two script elements (its JSON data, its code) and no other markup
-    assert html.count("<script") == 2 and html.count("</script") == 2
+    # the page's own three script elements (its JSON data, its code, its base64 raw ops) and
+    # no other markup
+    assert html.count("<script") == 3 and html.count("</script") == 3
     assert "<img" not in html and "<!-- x" not in html
     assert "&lt;script&gt;" in html
     import json

@@ -42,7 +42,7 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+                "--window-size=1200,900", "--disable-extensions", "--no-first-run"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -153,6 +153,28 @@ def test_example_report_in_chromium(browser, tmp_path: Path) -> None:
     state = _check_page(browser, out / "report.html", tmp_path)
     assert state["nvtxRects"] > 0  # the launching thread's NVTX lane draws
     assert state["opsLoaded"] == 636  # every GPU op of the example (636 in its gpu_ops)
+    # the README's picture: the first finding's first window, clicked
+    browser.execute_script("document.querySelector('button.win').click();"
+                           "window.scrollTo(0, 0)")
+    shot = tmp_path / "finding_window.png"
+    assert browser.save_screenshot(str(shot))
+    small = _small_png(shot)
+    assert small.stat().st_size < 150_000
+    target = os.environ.get("NSYSAN_SAVE_SCREENSHOT")  # docs/img/report.png is made so
+    if target:
+        shutil.copyfile(small, target)
+
+
+def _small_png(path: Path) -> Path:
+    """The screenshot cropped to the verdict and the timeline, in 64 colours."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert("RGB").crop((0, 0, im.width, min(im.height, 620)))
+        small = im.quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+    out = path.with_name(path.stem + "_small.png")
+    small.save(out, optimize=True)
+    return out
 
 
 def test_shared_two_gpu_report_in_chromium(browser, shared_traces: Path, tmp_path: Path) -> None:

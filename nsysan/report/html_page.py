@@ -205,9 +205,15 @@ def render(diagnosis: Any, trace: Trace, tables: dict[str, pl.DataFrame],
     parts.append(layers_svg if layers_svg is not None else
                  f"<p>{esc(diagnosis.attribution_note() or 'No NVTX layers.')}</p>")
     parts.append("</section>")
-    parts.append(f"<script type='application/json' id='nsysan-data'>{_script_json(payload)}"
+    # The raw ops come last, after the code: the page draws its overview while the parser
+    # still reads them (first paint does not grow with the number of ops).
+    blob = payload.get("blob", "")
+    small = {k: v for k, v in payload.items() if k != "blob"}
+    parts.append(f"<script type='application/json' id='nsysan-data'>{_script_json(small)}"
                  "</script>")
-    parts.append(f"<script>{_asset('report.js')}</script></body></html>\n")
+    parts.append(f"<script>{_asset('report.js')}</script>")
+    parts.append(f"<script type='application/octet-stream' id='nsysan-ops'>{blob}</script>"
+                 "</body></html>\n")
     return "".join(parts)
 
 

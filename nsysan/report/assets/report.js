@@ -2,7 +2,9 @@
  * Data: the JSON payload of nsysan/report/html_data.py in #nsysan-data. Times there are ns
  * offsets from data.t0 (the first GPU op, session time). Zoomed out, every lane draws its
  * precomputed busy share per bin; once the view is narrower than the bins, it draws the raw
- * ops (inflated from data.blob), merging ops under one pixel into one column. */
+ * ops (inflated from the base64 #nsysan-ops element, which follows this script, so the
+ * overview draws while the parser still reads it), merging ops under one pixel into one
+ * column. */
 (function () {
   "use strict";
   var CLASSES = [["compute", "#2e7d32"], ["nccl", "#1565c0"], ["h2d", "#ef6c00"],
@@ -162,7 +164,7 @@
     return count;
   }
   function drawAxis(ctx, b) {
-    var span = view[1] - view[0], target = span / 8;
+    var span = view[1] - view[0], target = span * 110 / Math.max(b.w - LEFT, 200);
     var step = Math.pow(10, Math.floor(Math.log10(Math.max(target, 1))));
     if (target / step > 5) step *= 5; else if (target / step > 2) step *= 2;
     ctx.fillStyle = "#555"; ctx.font = "10px sans-serif"; ctx.textAlign = "center";
@@ -172,7 +174,8 @@
       var x = xOf(b, t);
       if (x < LEFT) continue;
       ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS_H - 4); ctx.lineTo(x + 0.5, b.height); ctx.stroke();
-      ctx.fillText(fmtT(t), x, 10);
+      var digits = Math.max(0, Math.min(9, Math.ceil(-Math.log10(step / 1e9))));
+      ctx.fillText(((data.t0 + t) / 1e9).toFixed(digits) + " s", x, 10);
     }
   }
   function drawBlock(b) {
@@ -398,11 +401,21 @@
       float64: Float64Array}[l.type];
     return new T(buf, l.offset, l.length);
   }
+  function parsed() {  // the raw ops element follows this script: wait for the parser
+    if (document.readyState !== "loading") return Promise.resolve();
+    return new Promise(function (resolve) {
+      document.addEventListener("DOMContentLoaded", function () { resolve(); });
+    });
+  }
   function inflate() {
-    if (!data.blob || typeof DecompressionStream === "undefined") return Promise.resolve(null);
-    var stream = new Blob([b64bytes(data.blob)]).stream()
-      .pipeThrough(new DecompressionStream("deflate"));
-    return new Response(stream).arrayBuffer();
+    return parsed().then(function () {
+      var el = document.getElementById("nsysan-ops");
+      var text = el ? el.textContent.trim() : "";
+      if (!text || typeof DecompressionStream === "undefined") return null;
+      var stream = new Blob([b64bytes(text)]).stream()
+        .pipeThrough(new DecompressionStream("deflate"));
+      return new Response(stream).arrayBuffer();
+    });
   }
   function index(buf) {
     var dev = column(buf, "op_device"), lane = column(buf, "op_lane");
