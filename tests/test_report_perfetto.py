@@ -195,3 +195,20 @@ def test_perfetto_command_errors(tmp_path: Path, monkeypatch) -> None:
         assert r.exit_code == 1, r.output
         assert "pip install 'nsysan[perfetto]'" in r.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "y.pftrace").exists()
+
+
+def test_same_bytes_from_a_row_shuffled_export(tmp_path: Path) -> None:
+    """Row order is no data: the trace of a shuffled copy of the export is the same file."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from row_order import shuffled_copy
+
+    shuffled = tmp_path / "example_ddp.sqlite"
+    assert shuffled_copy(EXAMPLE, shuffled, seed=5)
+    files = []
+    for src, name in ((EXAMPLE, "a.pftrace"), (shuffled, "b.pftrace")):
+        r = CliRunner().invoke(cli, ["perfetto", str(src), "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        files.append((tmp_path / name).read_bytes())
+    assert files[0] == files[1]
