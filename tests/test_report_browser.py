@@ -220,3 +220,41 @@ def test_zoomed_in_draws_every_op(browser, tmp_path: Path) -> None:
         assert lane["rects"] == wide + len(columns), (stream, lane, wide, len(columns))
         total += in_view.height
     assert total > 0
+
+
+def test_tooltip_names_the_op_and_its_launch(browser, tmp_path: Path) -> None:
+    """Hovering an op, zoomed in, shows its name, duration, stream and launch call, as the
+    trace has them (the launch call joined here on (global_pid, correlation_id))."""
+    import polars as pl
+
+    from nsysan.load import open_trace
+
+    _, out = analyze_to_dir(EXAMPLE, tmp_path / "out")
+    _open(browser, out / "report.html")
+    tr = open_trace(EXAMPLE)
+    ops = tr.gpu_ops.filter(pl.col("start_ns") > 0, pl.col("kind") == "kernel").join(
+        tr.cuda_api.select("global_pid", "correlation_id", pl.col("name").alias("api")),
+        on=["global_pid", "correlation_id"], how="left")
+    op = ops.sort(["start_ns", "stream_id"]).row(ops.height // 2, named=True)
+    dur = op["end_ns"] - op["start_ns"]
+    a, b = op["start_ns"] - 3 * dur, op["end_ns"] + 3 * dur
+    state = browser.execute_script(f"window.nsysanReport.setView({a}, {b});"
+                                   "return window.nsysanReport.state()")
+    dev = state["devices"][0]
+    lanes = [r for r in dev["rows"] if r["type"] == "lane"]
+    lane = next(r for r in lanes if r["label"] == f"stream {op['stream_id']}")
+    v0, v1 = state["view"]
+    x = dev["left"] + ((op["start_ns"] + op["end_ns"]) / 2 - v0) * (
+        dev["width"] - dev["left"]) / (v1 - v0)
+    text = browser.execute_script(
+        "const c = document.querySelector('#tl-root canvas[data-kind=device]');"
+        "const r = c.getBoundingClientRect();"
+        f"c.dispatchEvent(new MouseEvent('mousemove', {{clientX: r.left + {x},"
+        f" clientY: r.top + {lane['y'] + lane['h'] / 2}, bubbles: true}}));"
+        "return document.getElementById('tl-tip').textContent")
+    assert text.splitlines()[0] == op["name"]
+    assert f"stream {op['stream_id']}" in text
+    assert f"launched by {op['api']}" in text
+    value, unit = text.splitlines()[1].split(" at ")[0].split()
+    scale = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}[unit]
+    assert float(value) * scale == pytest.approx(dur, rel=1e-3)

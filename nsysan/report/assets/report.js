@@ -533,7 +533,9 @@
         devices: blocks.filter(function (b) { return b.kind === "device"; }).map(function (b) {
           return {id: b.dev.id, rects: b.rects, mode: b.mode, lanes: b.dev.lanes.length,
             width: b.w, left: LEFT,
-            rows: b.rows.map(function (r) { return {type: r.type, label: r.label, rects: r.rects}; })};
+            rows: b.rows.map(function (r) {
+              return {type: r.type, label: r.label, rects: r.rects, y: r.y, h: r.h};
+            })};
         }),
         nvtxRects: blocks.filter(function (b) { return b.kind === "nvtx"; })
           .reduce(function (s, b) { return s + b.rects; }, 0),
