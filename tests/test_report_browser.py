@@ -166,12 +166,12 @@ def test_example_report_in_chromium(browser, tmp_path: Path) -> None:
 
 
 def _small_png(path: Path) -> Path:
-    """The screenshot cropped to the verdict and the timeline, in 64 colours."""
+    """The screenshot cropped to the verdict and the timeline, in 128 colours."""
     from PIL import Image
 
     with Image.open(path) as im:
         im = im.convert("RGB").crop((0, 0, im.width, min(im.height, 620)))
-        small = im.quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+        small = im.quantize(colors=128, method=Image.Quantize.MEDIANCUT)
     out = path.with_name(path.stem + "_small.png")
     small.save(out, optimize=True)
     return out

@@ -13,8 +13,9 @@
   var STATE_COLORS = {"compute": "#2e7d32", "nccl": "#1565c0", "h2d": "#ef6c00",
     "d2h": "#8e24aa", "d2d": "#6d4c41", "p2p": "#00838f", "memset": "#757575",
     "exposed nccl": "#c62828", "idle": "#9e9e9e"};
-  var CAUSE_COLORS = ["#e53935", "#fb8c00", "#fdd835", "#8e24aa", "#3949ab", "#00897b",
-    "#6d4c41", "#d81b60", "#546e7a"];
+  // gap causes: warm colours, apart from the op classes' greens and blues
+  var CAUSE_COLORS = ["#e53935", "#d81b60", "#fb8c00", "#c0ca33", "#8d6e63", "#ab47bc",
+    "#f06292", "#ff7043", "#a1887f"];
   var LEFT = 130, ROW = 16, STEP_H = 14, GAP_H = 10, STATE_H = 9, AXIS_H = 18, NVTX_H = 12;
   var errors = [];
   window.addEventListener("error", function (e) { errors.push(String(e.message)); });
@@ -98,6 +99,14 @@
     CLASSES.forEach(function (c) {
       var s = document.createElement("span"); s.style.background = c[1];
       legend.appendChild(s); legend.appendChild(document.createTextNode(c[0]));
+    });
+    var causes = {};
+    data.devices.forEach(function (dev) { dev.gaps.forEach(function (g) { causes[g[2]] = 1; }); });
+    Object.keys(causes).map(Number).sort(function (a, b) {
+      return S[a] < S[b] ? -1 : S[a] > S[b] ? 1 : 0;
+    }).forEach(function (idx) {
+      var s = document.createElement("span"); s.style.background = colorOfCause(idx);
+      legend.appendChild(s); legend.appendChild(document.createTextNode("gap: " + S[idx]));
     });
     root.insertBefore(legend, root.firstChild);
     if (data.nvtx) {
