@@ -25,7 +25,7 @@ def _from_folder(folder: Path) -> tuple[Any, dict, list]:
     try:
         manifest = json.loads((folder / MANIFEST_JSON).read_text(encoding="utf-8"))
         findings = json.loads((folder / "findings.json").read_text(encoding="utf-8"))["findings"]
-        inputs = [i["path"] for i in manifest["inputs"]]
+        inputs = [(i["path"], i.get("bytes")) for i in manifest["inputs"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{folder}: not a complete nsysan analyze output ({exc}); pass the "
                           "trace itself, or the folder `nsysan analyze -o OUT` wrote "
@@ -33,10 +33,13 @@ def _from_folder(folder: Path) -> tuple[Any, dict, list]:
     if len(inputs) != 1:
         raise ConfigError(f"{folder}: its manifest names {len(inputs)} inputs, not one trace; "
                           "pass the trace itself")
-    src = Path(inputs[0])
+    src, size = Path(inputs[0][0]), inputs[0][1]
     if not src.exists():
         raise ConfigError(f"{folder}: the trace it was analysed from, {src}, is gone; pass "
                           "the trace itself (it is analysed again)")
+    if src.is_file() and size is not None and src.stat().st_size != size:
+        raise ConfigError(f"{folder}: {src} changed since it was analysed ({src.stat().st_size}"
+                          f" bytes, {size} then); analyse it again, or pass the trace itself")
     tables = {name: pl.read_parquet(folder / f"{name}.parquet")
               for name in ("gaps", "steps") if (folder / f"{name}.parquet").is_file()}
     return open_trace(src), tables, findings

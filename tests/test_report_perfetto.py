@@ -181,6 +181,15 @@ def test_perfetto_command_errors(tmp_path: Path, monkeypatch) -> None:
     (folder / "findings.json").write_text(json.dumps({"findings": []}))
     r = CliRunner().invoke(cli, ["perfetto", str(folder), "-o", str(tmp_path / "x.pftrace")])
     assert r.exit_code == 1 and "is gone" in r.output and "Error:" in r.output
+    changed = tmp_path / "changed.sqlite"
+    changed.write_bytes(b"1234")
+    (folder / "manifest.json").write_text(json.dumps(
+        {"inputs": [{"path": str(changed), "bytes": 3}]}))
+    r = CliRunner().invoke(cli, ["perfetto", str(folder), "-o", str(tmp_path / "x.pftrace")])
+    assert r.exit_code == 1 and "changed since it was analysed" in r.output
+    r = CliRunner().invoke(cli, ["analyze", "--job", str(EXAMPLE), str(EXAMPLE), "-o",
+                                 str(tmp_path / "job"), "--perfetto"])
+    assert r.exit_code == 2 and "--perfetto cannot be used with --job" in r.output
     (folder / "findings.json").write_text("{")
     r = CliRunner().invoke(cli, ["perfetto", str(folder), "-o", str(tmp_path / "x.pftrace")])
     assert r.exit_code == 1 and "not a complete nsysan analyze output" in r.output
