@@ -249,7 +249,7 @@ def test_tooltip_names_the_op_and_its_launch(browser, tmp_path: Path) -> None:
     text = browser.execute_script(
         "const c = document.querySelector('#tl-root canvas[data-kind=device]');"
         "const r = c.getBoundingClientRect();"
-        f"c.dispatchEvent(new MouseEvent('mousemove', {{clientX: r.left + {x},"
+        f"c.dispatchEvent(new MouseEvent('mousemove', {{clientX: r.left + c.clientLeft + {x},"
         f" clientY: r.top + {lane['y'] + lane['h'] / 2}, bubbles: true}}));"
         "return document.getElementById('tl-tip').textContent")
     assert text.splitlines()[0] == op["name"]
@@ -258,3 +258,36 @@ def test_tooltip_names_the_op_and_its_launch(browser, tmp_path: Path) -> None:
     value, unit = text.splitlines()[1].split(" at ")[0].split()
     scale = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}[unit]
     assert float(value) * scale == pytest.approx(dur, rel=1e-3)
+
+
+def test_wheel_zooms_around_the_pointer_and_drag_pans(browser, tmp_path: Path) -> None:
+    _, out = analyze_to_dir(EXAMPLE, tmp_path / "out")
+    whole = _open(browser, out / "report.html")["view"]
+    dev = browser.execute_script("return window.nsysanReport.state()")["devices"][0]
+    frac = 0.25  # the pointer a quarter into the plot
+    x = dev["left"] + frac * (dev["width"] - dev["left"])
+    script = ("const c = document.querySelector('#tl-root canvas[data-kind=device]');"
+              "const r = c.getBoundingClientRect(); const bx = c.clientLeft;"
+              "const ev = (type, x, extra) => c.dispatchEvent(new (type === 'wheel' ? WheelEvent"
+              " : MouseEvent)(type, Object.assign({clientX: r.left + bx + x, clientY: r.top + 40,"
+              " bubbles: true, cancelable: true}, extra || {})));")
+    t = whole[0] + frac * (whole[1] - whole[0])
+    zoomed = browser.execute_script(
+        script + f"ev('wheel', {x}, {{deltaY: -400}});"
+        "return window.nsysanReport.state().view")
+    assert zoomed[1] - zoomed[0] < 0.7 * (whole[1] - whole[0])  # zoomed in
+    # the instant under the pointer stays under it (to the pixel: events round clientX)
+    pixel = (whole[1] - whole[0]) / (dev["width"] - dev["left"])
+    assert zoomed[0] + frac * (zoomed[1] - zoomed[0]) == pytest.approx(t, abs=pixel)
+    dragged = browser.execute_script(
+        script + f"ev('mousedown', {x}); window.dispatchEvent(new MouseEvent('mousemove',"
+        f" {{clientX: r.left + bx + {x} + 100, clientY: r.top + 40}}));"
+        "window.dispatchEvent(new MouseEvent('mouseup', {}));"
+        "return window.nsysanReport.state().view")
+    shift = 100 * (zoomed[1] - zoomed[0]) / (dev["width"] - dev["left"])
+    # dragged right: earlier times come into view, by the pixels dragged (to the pixel)
+    assert dragged[0] == pytest.approx(zoomed[0] - shift, abs=shift / 100)
+    assert dragged[1] - dragged[0] == pytest.approx(zoomed[1] - zoomed[0], rel=1e-9)
+    reset = browser.execute_script(script + f"ev('dblclick', {x});"
+                                   "return window.nsysanReport.state().view")
+    assert reset == pytest.approx(whole)

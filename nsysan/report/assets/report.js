@@ -309,7 +309,8 @@
     c.addEventListener("wheel", function (e) {
       e.preventDefault();
       var rect = c.getBoundingClientRect();
-      var frac = Math.max(0, (e.clientX - rect.left - LEFT) / (rect.width - LEFT));
+      // (positions inside the border, in the canvas' own CSS pixels, as drawn)
+      var frac = Math.max(0, (e.clientX - rect.left - c.clientLeft - LEFT) / (b.w - LEFT));
       var t = view[0] + frac * (view[1] - view[0]);
       var k = Math.exp(e.deltaY * 0.0015);
       setView(t - (t - view[0]) * k, t + (view[1] - t) * k);
@@ -327,7 +328,7 @@
     c.addEventListener("mousemove", function (e) {
       if (drag) { tip.hidden = true; return; }
       var rect = c.getBoundingClientRect();
-      var text = hit(b, e.clientX - rect.left, e.clientY - rect.top);
+      var text = hit(b, e.clientX - rect.left - c.clientLeft, e.clientY - rect.top - c.clientTop);
       if (!text) { tip.hidden = true; return; }
       tip.textContent = text; tip.hidden = false;
       tip.style.left = Math.min(e.clientX + 12, window.innerWidth - 400) + "px";
