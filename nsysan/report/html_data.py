@@ -210,7 +210,7 @@ def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: _Strings) -> li
         return []
     g = gaps.filter((pl.col("scope") == "device") & (pl.col("device_id") == dev))
     g = _capped(g.select("start_ns", "end_ns", "cause", "cause_detail"), MAX_GAPS).sort(
-        ["start_ns", "end_ns"])
+        ["start_ns", "end_ns", "cause", "cause_detail"], nulls_last=True)
     cause = strings.index(g["cause"])
     detail = strings.index(g["cause_detail"])
     return [[s - t0, e - t0, int(c), int(d)] for (s, e), c, d in

@@ -140,7 +140,8 @@ def _table(name: str, df: pl.DataFrame | None) -> str:
     shown = d.head(MAX_TABLE_ROWS)
     if name in ("steps", "gaps"):
         shown = ranked(shown, ["start_ns"], descending=False)
-    more = (f" (the {MAX_TABLE_ROWS} largest of {d.height}; all are in {name}.parquet)"
+    which = "largest" if rank_by in df.columns else "first"
+    more = (f" (the {MAX_TABLE_ROWS} {which} of {d.height}; all are in {name}.parquet)"
             if d.height > MAX_TABLE_ROWS else "")
     head = "".join(f"<th data-kind='{k}' title='click to sort'>{esc(h)}</th>"
                    for _, h, k in present)
