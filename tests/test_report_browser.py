@@ -16,9 +16,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import REPO_ROOT, unavailable
 
 from nsysan.api import analyze_to_dir
-from tests.conftest import REPO_ROOT, unavailable
 
 EXAMPLE = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
 SHARED_2GPU = "nsysai-h100-2gpu/mfu_2gpu_before.sqlite"

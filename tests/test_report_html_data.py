@@ -9,10 +9,10 @@ import zlib
 import numpy as np
 import polars as pl
 import pytest
+from conftest import REPO_ROOT
 
 from nsysan.api import analyze
 from nsysan.report import html_data, plots
-from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
 DTYPES = {"uint8": "<u1", "uint16": "<u2", "uint32": "<u4", "float64": "<f8"}

@@ -13,12 +13,12 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import REPO_ROOT, in_ci
 
 from nsysan.api import analyze
 from nsysan.cli import cli
 from nsysan.report import perfetto
 from nsysan.report.jsonout import findings_document
-from tests.conftest import REPO_ROOT, in_ci
 
 try:  # the test extra installs it; missing, these tests skip locally and fail under CI=true
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -213,9 +213,6 @@ def test_perfetto_command_errors(tmp_path: Path, monkeypatch) -> None:
 
 def test_same_bytes_from_a_row_shuffled_export(tmp_path: Path) -> None:
     """Row order is no data: the trace of a shuffled copy of the export is the same file."""
-    import sys
-
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
     from row_order import shuffled_copy
 
     shuffled = tmp_path / "example_ddp.sqlite"
