@@ -234,3 +234,8 @@ cli.add_command(findings_cmd)
 from nsysan.cli_compare import scaling_cmd  # noqa: E402  (own module)
 
 cli.add_command(scaling_cmd)
+
+
+from nsysan.cli_perfetto import perfetto_cmd  # noqa: E402  (command defined in its own module)
+
+cli.add_command(perfetto_cmd)
