@@ -43,6 +43,9 @@ JOB = ("gpubootcamp-jacobi-multigpu/mpi_report1.qdrep.nsys2022.4.2.sqlite",
 def cases(traces: Path, extra: Iterable[Path] = ()) -> dict[str, list[str]]:
     """Case name -> ``nsysan analyze`` arguments (without ``-o``), sorted by name."""
     found: dict[str, list[str]] = {}
+    # resolved: the outputs name the input's path, which must not depend on how it was reached
+    traces = traces.resolve()
+    extra = [p.resolve() for p in extra]
     if traces.is_dir():
         for p in sorted([*traces.glob("*/*.sqlite"), *traces.glob("*/*.parquetdir")]):
             found[f"{p.parent.name}/{p.name}"] = [str(p)]
