@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from nsysan.errors import ConfigError
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
-from nsysan.passes.schedule import pass_workers, run_passes
+from nsysan.passes.schedule import analysis_context, pass_workers, run_passes
 
 if TYPE_CHECKING:
     from nsysan.report.ownership import InputPaths, OwnedFolder
@@ -95,7 +96,7 @@ def start(
     (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
     """
     trace = _open(path_or_trace, nsys)
-    if trace in _STARTED:
+    if (trace.base if isinstance(trace, AnalysisContext) else trace) in _STARTED:
         return trace
     if hash_inputs:
         from nsysan.report.manifest import default_inputs, prefetch_sha256
@@ -109,7 +110,7 @@ def start(
             "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
         )
     trace.prefetch((*EVENT_FRAMES, *SMALL_FRAMES) if findings else EVENT_FRAMES[:3])
-    _STARTED.add(trace)
+    _STARTED.add(trace.base if isinstance(trace, AnalysisContext) else trace)
     return trace
 
 
@@ -130,11 +131,17 @@ def analyze(
     ``hash_inputs`` (for callers that then `write_outputs`), the input files are hashed for the
     manifest in a background thread while the passes run.
     """
-    result = _run_passes(path_or_trace, passes=passes, settings=settings,
-                         samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                         nsys=nsys, findings=findings, hash_inputs=hash_inputs)
-    if findings:
-        _diagnose_timed(result)
+    t0 = time.perf_counter()
+    trace = _open(path_or_trace, nsys)
+    opened_s = time.perf_counter() - t0
+    # the passes and the findings share one context: its products are freed on return
+    with analysis_context(trace) as ctx:
+        result = _run_passes(ctx, passes=passes, settings=settings,
+                             samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                             nsys=nsys, findings=findings, hash_inputs=hash_inputs)
+        result.timings_s["open"] += opened_s
+        if findings:
+            _diagnose_timed(result, ctx)
     return result
 
 
@@ -162,11 +169,8 @@ def _run_passes(
         _findings_module()
     results, pass_timings = run_passes(specs, trace, params, pass_workers(trace))
     timings.update(pass_timings)
-    from nsysan.passes.steps import forget_segments
-
-    forget_segments(trace)  # shared by steps and overlap only; held while the passes run
     return AnalysisResult(
-        trace=trace,
+        trace=trace.base if isinstance(trace, AnalysisContext) else trace,
         results=results,
         params=params,
         timings_s=timings,
@@ -186,9 +190,9 @@ def check_per_step(**values: float | None) -> None:
                               f"got {value!r}")
 
 
-def _diagnose_timed(result: AnalysisResult) -> None:
+def _diagnose_timed(result: AnalysisResult, trace: Trace) -> None:
     t = time.perf_counter()
-    result.diagnosis = _diagnose(result)
+    result.diagnosis = _diagnose(result, trace)
     result.timings_s["findings"] = time.perf_counter() - t
 
 
@@ -200,11 +204,11 @@ def _findings_module() -> Any:
     return nsysan.findings
 
 
-def _diagnose(result: AnalysisResult) -> Any:
+def _diagnose(result: AnalysisResult, trace: Trace) -> Any:
     findings = _findings_module()
     if findings is None:
         return None
-    return findings.diagnose(result.trace, result.results, **{
+    return findings.diagnose(trace, result.results, **{
         k: v for k, v in result.options.items() if v is not None
     })
 
@@ -237,10 +241,13 @@ def _prepare_folder(trace: Trace, out_dir: str | os.PathLike[str],
                              legacy=ownership.legacy_analysis)
 
 
-def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool) -> Path:
+def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool,
+                   trace: Trace | None = None) -> Path:
     """`write_outputs` into the prepared ``folder``; with ``diagnose``, the findings are drawn
     (`_diagnose_timed`) while the Parquet tables are written: they need only the pass
-    results."""
+    results. ``trace``: the context of the analysis, when it is still open (its products
+    serve the findings and pictures)."""
+    trace = trace or result.trace
     from nsysan.report.atomic import output_error
     from nsysan.report.manifest import MANIFEST_JSON
     from nsysan.report.parquet import write_tables
@@ -264,10 +271,9 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
                 result.timings_s["write_parquet"] = tables_written.result()
 
             if diagnose:
-                _diagnose_timed(result)
-            _write_reports(result, tmp, tables_done)
+                _diagnose_timed(result, trace)
+            _write_reports(result, trace, tmp, tables_done)
             tables_done()  # also when no report was written: raise its error
-        _forget_streams(result.trace)
         manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
         described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
                      if manifest.is_file() else [])
@@ -281,23 +287,17 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
         folder.abort()  # (nothing once committed)
 
 
-def _write_reports(result: AnalysisResult, out_dir: Path,
+def _write_reports(result: AnalysisResult, trace: Trace, out_dir: Path,
                    before_manifest: Callable[[], object]) -> None:
     try:
+        from nsysan.report.manifest import ManifestInfo
         from nsysan.report.write import write_report
     except ImportError:
         return
-    write_report(out_dir, result, before_manifest=before_manifest)
-
-
-def _forget_streams(trace: Trace) -> None:
-    """Free the interval streams the findings and the pictures shared (see
-    `nsysan.findings.streams`): nothing reads them once the reports are written."""
-    try:
-        from nsysan.findings import streams
-    except ImportError:  # findings package not installed in this build
-        return
-    streams.forget(trace)
+    info = ManifestInfo(params=result.params, timings_s=result.timings_s,
+                        options=result.options)
+    write_report(out_dir, trace, result.results, result.diagnosis, info,
+                 before_manifest=before_manifest)
 
 
 def analyze_to_dir(
@@ -323,11 +323,13 @@ def analyze_to_dir(
     trace = _open(path_or_trace, kwargs.get("nsys"))
     opened_s = time.perf_counter() - t0
     folder = _prepare_folder(trace, out_dir, protect)
-    try:
-        result = _run_passes(trace, findings=findings, **kwargs)
-    except BaseException:
-        folder.abort()
-        raise
-    result.timings_s["open"] += opened_s
-    result.timings_s.update(timings_s or {})
-    return result, _write_outputs(result, folder, diagnose=findings)
+    # one context for the passes, the findings and the reports: freed once they are written
+    with analysis_context(trace) as ctx:
+        try:
+            result = _run_passes(ctx, findings=findings, **kwargs)
+        except BaseException:
+            folder.abort()
+            raise
+        result.timings_s["open"] += opened_s
+        result.timings_s.update(timings_s or {})
+        return result, _write_outputs(result, folder, diagnose=findings, trace=ctx)

@@ -10,6 +10,7 @@ from findings_cases import scenario
 
 from nsysan.findings import rules_capture
 from nsysan.findings.context import Context
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes import gaps, kernels, op_link
 from nsysan.passes.gap_causes import launch_calls
@@ -30,10 +31,11 @@ def test_api_rows_are_the_join() -> None:
     api = tr.frame("cuda_api").with_row_index("_api")
     want = ops.join(api.select("global_pid", "correlation_id", "_api"),
                     on=["global_pid", "correlation_id"], how="left").sort("_op")["_api"]
-    got = op_link.api_rows(tr)
+    got = op_link.api_rows(AnalysisContext(tr))
     assert got is not None
     assert got.tolist() == want.fill_null(-1).cast(pl.Int64).to_list()
-    assert op_link.api_rows(tr) is got  # memoised
+    ctx = AnalysisContext(tr)
+    assert op_link.api_rows(ctx) is op_link.api_rows(ctx)  # shared within an analysis
 
 
 def test_repeated_api_keys_give_no_link() -> None:

@@ -69,6 +69,15 @@ class Trace:
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
 
+    def _share_frames(self, view: Trace) -> None:
+        """Make ``view`` read (and build) the very frames of this trace: an
+        `nsysan.frames.context.AnalysisContext` is such a view."""
+        view.meta = self.meta
+        view._loader = self._loader
+        view._frames = self._frames
+        view._locks = self._locks
+        view._locks_guard = self._locks_guard
+
     @property
     def trace_id(self) -> str:
         return self.meta.trace_id

@@ -7,8 +7,8 @@ each on big traces). When the API keys are distinct (they are in nsys exports), 
 binary search per op (`op_keys.unique_rows`) give every op its call's row, and each consumer
 then gathers the columns it needs; callers fall back to their joins otherwise.
 
-Memoised per `Trace` (weakly) and per (``gpu_ops``, ``cuda_api``) frame objects, so a frame
-replaced after the fact is never served stale rows; `forget` drops the link.
+Shared as the product `API_ROWS` of the analysis (`nsysan.frames.context`): built once per
+analysis, for its (``gpu_ops``, ``cuda_api``) frame objects, freed when the analysis ends.
 """
 
 from __future__ import annotations
@@ -16,17 +16,22 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nsysan.frames.context import Product, product
 from nsysan.frames.trace import Trace
 from nsysan.passes.op_keys import KEY, op_key, unique_rows
-from nsysan.passes.trace_memo import TraceMemo
-
-#: trace -> the API row of every op (or None), for its (gpu_ops, cuda_api) frames
-_MEMO: TraceMemo[np.ndarray | None] = TraceMemo()
 
 
-def forget(trace: Trace) -> None:
-    """Drop the link of ``trace`` (8 bytes per GPU op)."""
-    _MEMO.forget(trace)
+def _link(trace: Trace) -> np.ndarray | None:
+    ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
+    key = op_key([ops, api])
+    row = unique_rows(api.select(key)[KEY], ops.select(key)[KEY])
+    return None if row is None else row.to_numpy()
+
+
+#: the API row of every GPU op (8 bytes per op), or None
+API_ROWS: Product[np.ndarray | None] = Product(
+    "op_link.api_rows", ("gpu_ops", "cuda_api"), _link,
+    "for every gpu_ops row, the cuda_api row with its op key")
 
 
 def api_rows(trace: Trace) -> np.ndarray | None:
@@ -35,14 +40,7 @@ def api_rows(trace: Trace) -> np.ndarray | None:
     several API rows (then a join says what the callers mean) or a frame is missing."""
     if not (trace.has("gpu_ops") and trace.has("cuda_api")):
         return None
-    ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
-
-    def build() -> np.ndarray | None:
-        key = op_key([ops, api])
-        row = unique_rows(api.select(key)[KEY], ops.select(key)[KEY])
-        return None if row is None else row.to_numpy()
-
-    return _MEMO.get(trace, [ops, api], build)
+    return product(trace, API_ROWS)
 
 
 def gather(col: pl.Series, rows: pl.Series | np.ndarray) -> pl.Series:

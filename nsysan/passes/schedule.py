@@ -19,13 +19,15 @@ to end) and no faster in a later one, so they run one at a time. Concurrency als
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from nsysan.errors import ConfigError
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec
 
@@ -50,6 +52,22 @@ def pass_workers(trace: Trace) -> int:
     return 2 if CONCURRENT_MIN_OPS <= ops <= CONCURRENT_MAX_OPS else 1
 
 
+@contextlib.contextmanager
+def analysis_context(trace: Trace) -> Iterator[AnalysisContext]:
+    """One analysis of ``trace``: the `AnalysisContext` its passes, findings and reports share
+    products through, closed (every product freed) when the block ends, however it ends.
+    Inside an open context (``trace`` is one already) the block joins it: the outermost owner
+    closes it."""
+    if isinstance(trace, AnalysisContext):
+        yield trace
+        return
+    ctx = AnalysisContext(trace)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
 def run_passes(
     specs: Sequence[PassSpec],
     trace: Trace,
@@ -65,7 +83,16 @@ def run_passes(
     specs first; the wall times of passes that ran together overlap. After a failure no
     further pass starts; once the running ones are done, the error of the earliest failed
     pass in spec order is raised (the same error as a serial run, when passes fail alone).
+    The passes share products through the `analysis_context` of ``trace`` (the caller's, when
+    ``trace`` is one; else one that ends with the passes).
     """
+    with analysis_context(trace) as ctx:
+        return _run(specs, ctx, params, workers)
+
+
+def _run(
+    specs: Sequence[PassSpec], trace: AnalysisContext, params: Mapping[str, Any], workers: int,
+) -> tuple[dict[str, PassResult], dict[str, float]]:
     chosen = {s.name for s in specs}
     needs = {s.name: {d for d in (*s.requires, *s.after) if d in chosen} for s in specs}
     if workers <= 1:

@@ -15,23 +15,23 @@ from typing import Any
 
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult
+from nsysan.passes.schedule import analysis_context
 from nsysan.report import plots
 from nsysan.report.jsonout import write_findings_json
 from nsysan.report.manifest import ManifestInfo, inputs_of, prefetch_sha256, write_manifest
 from nsysan.report.markdown import write_markdown
 
 
-def _unpack(trace_or_result: Any, results: Mapping[str, PassResult] | None, diagnosis: Any,
-            info: ManifestInfo | Mapping[str, Any] | None):
-    """Accept either (trace, results, diagnosis, info) or one `nsysan.api.AnalysisResult`."""
+def _unpack(trace: Trace, trace_or_result: Any, results: Mapping[str, PassResult] | None,
+            diagnosis: Any, info: ManifestInfo | Mapping[str, Any] | None):
+    """Accept either (trace, results, diagnosis, info) or one `nsysan.api.AnalysisResult`
+    (``trace``: the context of the trace the reports are of)."""
     if not isinstance(trace_or_result, Trace):
         r = trace_or_result
-        trace, results = r.trace, r.results
+        results = r.results
         diagnosis = diagnosis if diagnosis is not None else r.diagnosis
         if info is None:
             info = ManifestInfo(params=r.params, timings_s=r.timings_s, options=r.options)
-    else:
-        trace = trace_or_result
     if results is None:
         raise TypeError("write_report needs the pass results")
     if diagnosis is None:
@@ -62,8 +62,17 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    trace, results, diagnosis, info = _unpack(trace_or_result, results, diagnosis,
-                                              manifest_info)
+    # the findings (when not drawn yet) and the pictures share the unions of the GPU ops:
+    # through the analysis' context, or one of their own
+    base = trace_or_result if isinstance(trace_or_result, Trace) else trace_or_result.trace
+    with analysis_context(base) as trace:
+        return _write(out, t_start, *_unpack(trace, trace_or_result, results, diagnosis,
+                                             manifest_info), before_manifest)
+
+
+def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassResult],
+           diagnosis: Any, info: ManifestInfo,
+           before_manifest: Callable[[], object] | None) -> list[Path]:
     # The manifest hashes the inputs (a second per GB): started now, in a background thread,
     # the hash overlaps the pictures instead of following them (nothing new is started when
     # `analyze(hash_inputs=True)` prefetched them already; see `prefetch_sha256`).
