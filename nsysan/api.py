@@ -6,7 +6,6 @@ import json
 import math
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,10 +75,6 @@ def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None) -> Tr
     return open_trace(path_or_trace, nsys=nsys)
 
 
-#: the traces `start` has already started (so that `analyze` of one does not start it again)
-_STARTED: weakref.WeakSet[Trace] = weakref.WeakSet()
-
-
 def start(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
@@ -96,8 +91,8 @@ def start(
     (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
     """
     trace = _open(path_or_trace, nsys)
-    if (trace.base if isinstance(trace, AnalysisContext) else trace) in _STARTED:
-        return trace
+    # Starting a trace again starts nothing new: the hashes are keyed by file version and a
+    # frame is prefetched once (`Trace.prefetch`).
     if hash_inputs:
         from nsysan.report.manifest import default_inputs, prefetch_sha256
 
@@ -110,7 +105,6 @@ def start(
             "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
         )
     trace.prefetch((*EVENT_FRAMES, *SMALL_FRAMES) if findings else EVENT_FRAMES[:3])
-    _STARTED.add(trace.base if isinstance(trace, AnalysisContext) else trace)
     return trace
 
 

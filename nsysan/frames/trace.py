@@ -65,6 +65,7 @@ class Trace:
         # (or a frame that depends on it, e.g. sync on cuda_api) ask for it at the same time.
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._queued: set[str] = set()  # frames `prefetch` was asked for (once each)
 
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
@@ -77,6 +78,7 @@ class Trace:
         view._frames = self._frames
         view._locks = self._locks
         view._locks_guard = self._locks_guard
+        view._queued = self._queued
 
     @property
     def trace_id(self) -> str:
@@ -104,8 +106,11 @@ class Trace:
         built by the caller; a failed build is simply built again (and raises) when asked for.
         The threads are daemons: an interrupted analysis exits without waiting for them.
         """
-        todo = deque(n for n in dict.fromkeys(names)
-                     if n in schemas.CANONICAL and n not in self._frames)
+        with self._locks_guard:  # a frame is queued once, however often prefetch is called
+            todo = deque(n for n in dict.fromkeys(names)
+                         if n in schemas.CANONICAL and n not in self._frames
+                         and n not in self._queued)
+            self._queued.update(todo)
 
         def work() -> None:
             while todo:
