@@ -1,7 +1,6 @@
 """nsysan: what is the GPU waiting for? Analysis of NVIDIA Nsight Systems profiles."""
 
-__version__ = "0.1.0"
-
+from nsysan._version import __version__ as __version__
 from nsysan.api import AnalysisResult as AnalysisResult
 from nsysan.api import analyze as analyze
 from nsysan.api import analyze_to_dir as analyze_to_dir

@@ -290,7 +290,9 @@ def _write_reports(result: AnalysisResult, trace: Trace, out_dir: Path,
         return
     info = ManifestInfo(params=result.params, timings_s=result.timings_s,
                         options=result.options)
-    write_report(out_dir, trace, result.results, result.diagnosis, info,
+    # the reports render the findings: drawn here when the analysis did not draw them
+    diagnosis = result.diagnosis if result.diagnosis is not None else _diagnose(result, trace)
+    write_report(out_dir, trace, result.results, diagnosis, info,
                  before_manifest=before_manifest)
 
 

@@ -99,7 +99,7 @@ _JOB_FILES = frozenset({"ranks.parquet", "collectives.parquet", "job_findings.md
 def job_files(directory: Path) -> list[Path]:
     """One profile per report in a job directory: a report and its exports count once
     (preferring a ``.sqlite`` export, then a parquetdir, then the report itself)."""
-    from nsysan.batch.discover import is_parquetdir
+    from nsysan.load.parquetdir import is_parquetdir
 
     best: dict[str, tuple[int, str, Path]] = {}
     for p in sorted(directory.iterdir()):
@@ -134,7 +134,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
             continue
         p = Path(item)
         check_openable(p)  # missing, a pipe, a symlink loop: one line saying which
-        from nsysan.batch.discover import is_parquetdir
+        from nsysan.load.parquetdir import is_parquetdir
 
         if p.is_dir() and not is_parquetdir(p):
             expanded.extend(job_files(p))

@@ -3,41 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
 from nsysan.frames.trace import Trace
 
-SEVERITIES = ("info", "warning", "critical")
-LAYERS = ("framework", "communication", "operator_library", "runtime_driver", "hardware", "capture")
+# The core types, re-exported: they live in `nsysan.model` now.
+from nsysan.model import LAYERS as LAYERS
+from nsysan.model import SEVERITIES as SEVERITIES
+from nsysan.model import Finding as Finding
+from nsysan.model import PassResult as PassResult
+from nsysan.model import Results as Results
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis: which layer blocks the GPU, how badly, with evidence."""
-
-    code: str  # catalogue code, e.g. "GPU_STARVATION_PERIODIC"
-    severity: str  # info | warning | critical
-    layer: str  # one of LAYERS
-    title: str
-    message: str  # one paragraph with numbers and units
-    evidence: dict[str, Any] = field(default_factory=dict)  # machine-readable numbers
-    device_id: int | None = None
-    pid: int | None = None
-
-
-@dataclass
-class PassResult:
-    """Named tables (each with its declared schema), findings and scalar metrics."""
-
-    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-Results = Mapping[str, PassResult]
 PassFn = Callable[[Trace, Any, Results], PassResult]
 
 

@@ -121,7 +121,7 @@ def _bucket_exprs(edges: tuple[int, ...]) -> tuple[pl.Expr, pl.Expr]:
 
 
 def _world_size(trace: Trace) -> int | None:
-    from nsysan.multirank.ranks import env_of_trace, world_size_from_env
+    from nsysan.load.environment import env_of_trace, world_size_from_env
 
     return world_size_from_env(env_of_trace(trace))
 

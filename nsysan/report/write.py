@@ -34,13 +34,9 @@ def _unpack(trace: Trace, trace_or_result: Any, results: Mapping[str, PassResult
             info = ManifestInfo(params=r.params, timings_s=r.timings_s, options=r.options)
     if results is None:
         raise TypeError("write_report needs the pass results")
-    if diagnosis is None:
-        from nsysan.findings import diagnose
-
-        opts = dict(getattr(info, "options", None) or {}) if info is not None else {}
-        diagnosis = diagnose(trace, results, **{k: v for k, v in opts.items()
-                                                if k in ("samples_per_step", "tokens_per_step")
-                                                and v is not None})
+    if diagnosis is None:  # the reports render findings; drawing them is the caller's part
+        raise TypeError("write_report needs the diagnosis: nsysan.findings.diagnose(trace, "
+                        "results), or an AnalysisResult of analyze(findings=True)")
     if isinstance(info, Mapping):
         info = ManifestInfo(**info)
     info = info or ManifestInfo()
@@ -62,8 +58,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # the findings (when not drawn yet) and the pictures share the unions of the GPU ops:
-    # through the analysis' context, or one of their own
+    # the pictures share the unions of the GPU ops with the passes and the findings: through
+    # the analysis' context, or one of their own
     base = trace_or_result if isinstance(trace_or_result, Trace) else trace_or_result.trace
     with analysis_context(base) as trace:
         return _write(out, t_start, *_unpack(trace, trace_or_result, results, diagnosis,
