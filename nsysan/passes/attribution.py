@@ -446,4 +446,5 @@ SPEC = PassSpec(
     params=AttributionParams,
     tables={"attribution": schemas.ATTRIBUTION, "layers": schemas.LAYERS},
     run=run,
+    default=True,
 )

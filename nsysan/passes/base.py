@@ -25,8 +25,13 @@ class PassSpec:
     """A registered pass.
 
     ``params`` is a frozen dataclass type whose defaults are the pass defaults; ``tables`` maps
-    each output table to its schema; ``requires`` names passes whose results ``run`` reads
-    (they run first; ``after`` names passes used only when they are also selected).
+    each output table to its schema (declared in the pass's module, or in
+    `nsysan.frames.schemas` for the first passes); ``requires`` names passes whose results
+    ``run`` reads (they run first; ``after`` names passes used only when they are also
+    selected); ``default``: run by ``nsysan analyze`` when ``--passes`` is not given.
+
+    A module of `nsysan.passes` that defines ``SPEC`` is a pass (`registry.registry`): adding
+    a pass is adding its module.
     """
 
     name: str
@@ -36,3 +41,4 @@ class PassSpec:
     run: PassFn
     requires: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    default: bool = False

@@ -318,5 +318,6 @@ SPEC = PassSpec(
     params=GapsParams,
     tables={"gaps": schemas.GAPS, "gap_summary": schemas.GAP_SUMMARY},
     run=run,
+    default=True,
     after=("steps",),
 )

@@ -228,4 +228,5 @@ SPEC = PassSpec(
     params=KernelsParams,
     tables={"kernels": schemas.KERNELS},
     run=run,
+    default=True,
 )

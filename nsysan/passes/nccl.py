@@ -496,5 +496,6 @@ SPEC = PassSpec(
     params=NcclParams,
     tables={"nccl": schemas.NCCL, "nccl_summary": schemas.NCCL_SUMMARY},
     run=run,
+    default=True,
     after=("steps",),
 )

@@ -335,4 +335,5 @@ SPEC = PassSpec(
     params=StepsParams,
     tables={"steps": schemas.STEPS},
     run=run,
+    default=True,
 )
