@@ -6,3 +6,8 @@ from nsysan.api import analyze as analyze
 from nsysan.api import analyze_to_dir as analyze_to_dir
 from nsysan.frames.trace import Trace as Trace
 from nsysan.load import open_trace as open_trace
+from nsysan.model import Finding as Finding
+from nsysan.model import PassResult as PassResult
+
+__all__ = ["AnalysisResult", "Finding", "PassResult", "Trace", "__version__", "analyze",
+           "analyze_to_dir", "open_trace"]

@@ -22,6 +22,7 @@ from nsysan.passes.base import Finding, PassResult
 from nsysan.passes.schedule import analysis_context, pass_workers, run_passes
 
 if TYPE_CHECKING:
+    from nsysan.findings.rules import Diagnosis
     from nsysan.report.ownership import InputPaths, OwnedFolder
 
 #: the event frames an analysis reads, in the order the passes first need them
@@ -39,8 +40,16 @@ class AnalysisResult:
     results: dict[str, PassResult]
     params: dict[str, Any]
     timings_s: dict[str, float] = field(default_factory=dict)
-    diagnosis: Any = None  # nsysan.findings.Diagnosis when findings ran
+    diagnosis: Diagnosis | None = None  # when findings ran
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # compact for notebooks: the default dataclass repr prints every table
+        tables = ", ".join(f"{n} ({df.height})" for n, df in self.tables.items())
+        found = (f"{len(self.diagnosis.findings)} findings, verdict "
+                 f"{self.diagnosis.verdict.label}" if self.diagnosis is not None
+                 else "findings not drawn")
+        return f"AnalysisResult({self.trace_id!r}; tables: {tables or 'none'}; {found})"
 
     @property
     def trace_id(self) -> str:
@@ -67,12 +76,13 @@ class AnalysisResult:
         return [f for r in self.results.values() for f in r.findings]
 
 
-def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None) -> Trace:
+def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None,
+          frame_cache: bool | None = None) -> Trace:
     if isinstance(path_or_trace, Trace):
         return path_or_trace
     from nsysan.load import open_trace
 
-    return open_trace(path_or_trace, nsys=nsys)
+    return open_trace(path_or_trace, nsys=nsys, frame_cache=frame_cache)
 
 
 def start(
@@ -81,6 +91,7 @@ def start(
     nsys: str | None = None,
     findings: bool = True,
     hash_inputs: bool = False,
+    frame_cache: bool | None = None,
 ) -> Trace:
     """Open a trace for `analyze` and start reading what the analysis will need.
 
@@ -89,8 +100,9 @@ def start(
     and while the first passes run; with ``hash_inputs`` the input files are hashed for the
     manifest in a background thread too. `analyze` calls it; a caller may call it earlier
     (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
+    ``frame_cache`` is `nsysan.load.open_trace`'s (False: no Parquet cache of the frames).
     """
-    trace = _open(path_or_trace, nsys)
+    trace = _open(path_or_trace, nsys, frame_cache)
     # Starting a trace again starts nothing new: the hashes are keyed by file version and a
     # frame is prefetched once (`Trace.prefetch`).
     if hash_inputs:
@@ -112,21 +124,22 @@ def analyze(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
     passes: Iterable[str] | None = None,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, Any] | None = None,
     samples_per_step: float | None = None,
     tokens_per_step: float | None = None,
     nsys: str | None = None,
     findings: bool = True,
     hash_inputs: bool = False,
+    frame_cache: bool | None = None,
 ) -> AnalysisResult:
     """Run the selected passes (default: all default passes) on one trace.
 
     ``settings`` are ``{"PASS.PARAM": "VALUE"}`` overrides as given to ``--set``. With
     ``hash_inputs`` (for callers that then `write_outputs`), the input files are hashed for the
-    manifest in a background thread while the passes run.
+    manifest in a background thread while the passes run. ``frame_cache``: see `start`.
     """
     t0 = time.perf_counter()
-    trace = _open(path_or_trace, nsys)
+    trace = _open(path_or_trace, nsys, frame_cache)
     opened_s = time.perf_counter() - t0
     # the passes and the findings share one context: its products are freed on return
     with analysis_context(trace) as ctx:
@@ -143,7 +156,7 @@ def _run_passes(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
     passes: Iterable[str] | None = None,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, Any] | None = None,
     samples_per_step: float | None = None,
     tokens_per_step: float | None = None,
     nsys: str | None = None,
@@ -316,7 +329,7 @@ def analyze_to_dir(
     kwargs.setdefault("hash_inputs", True)
     findings = kwargs.pop("findings", True)
     t0 = time.perf_counter()
-    trace = _open(path_or_trace, kwargs.get("nsys"))
+    trace = _open(path_or_trace, kwargs.get("nsys"), kwargs.pop("frame_cache", None))
     opened_s = time.perf_counter() - t0
     folder = _prepare_folder(trace, out_dir, protect)
     # one context for the passes, the findings and the reports: freed once they are written

@@ -148,3 +148,19 @@ def test_every_pass_keeps_its_contract_on_a_shared_trace(shared_traces):
     if not path.is_file():
         pytest.skip(f"{path} not present")
     _check_contract(open_trace(path))
+
+
+def test_params_as_strings_typed_values_or_objects_agree():
+    from nsysan.passes.gaps import GapsParams
+
+    specs = registry.resolve(["gaps"])
+    as_text = registry.build_params(specs, {"gaps.min_gap_ns": "500000"})["gaps"]
+    typed = registry.build_params(specs, {"gaps.min_gap_ns": 500000})["gaps"]
+    whole = registry.build_params(specs, {"gaps": GapsParams(min_gap_ns=500000)})["gaps"]
+    assert as_text == typed == whole == GapsParams(min_gap_ns=500000)
+    # a field set on top of a whole object wins over the object's value
+    both = registry.build_params(specs, {"gaps": GapsParams(min_gap_ns=1),
+                                         "gaps.min_gap_ns": "7"})["gaps"]
+    assert both.min_gap_ns == 7
+    with pytest.raises(ConfigError, match=r"expected PASS\.PARAM=VALUE"):
+        registry.build_params(specs, {"gaps": "not a params object"})

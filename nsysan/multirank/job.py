@@ -126,7 +126,8 @@ def job_files(directory: Path) -> list[Path]:
     return [best[b][2] for b in sorted(best)]
 
 
-def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> list[Trace]:
+def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None,
+          frame_cache: bool | None = None) -> list[Trace]:
     expanded: list[Path | Trace] = []
     for item in items:
         if isinstance(item, Trace):
@@ -147,7 +148,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
         else:
             from nsysan.load import open_trace
 
-            traces.append(open_trace(item, nsys=nsys))
+            traces.append(open_trace(item, nsys=nsys, frame_cache=frame_cache))
     if not traces:
         raise ConfigError("analyze_job: no profiles given")
     return traces
@@ -260,17 +261,19 @@ def analyze_job(
     params: JobParams | None = None,
     job_id: str | None = None,
     nsys: str | None = None,
+    frame_cache: bool | None = None,
 ) -> JobResult:
     """Analyze the profiles of one job together (see the module doc).
 
     ``paths_or_traces``: report / export paths, a job directory, traces, or a mix. One
     profile holding several rank processes is fine. ``rank_map`` maps a path or trace id
-    (or ``(trace_id, pid)``) to its rank when the profiles cannot tell.
+    (or ``(trace_id, pid)``) to its rank when the profiles cannot tell. ``frame_cache`` is
+    `nsysan.load.open_trace`'s.
     """
     params = params or JobParams()
     if isinstance(paths_or_traces, (str, os.PathLike, Trace)):
         paths_or_traces = [paths_or_traces]
-    traces = _open(paths_or_traces, nsys)
+    traces = _open(paths_or_traces, nsys, frame_cache)
     jid = _job_id(traces, job_id)
     ranks = discover_ranks(traces, rank_map)
     if ranks.is_empty():

@@ -142,15 +142,22 @@ def _coerce(value: str, annotation: Any, where: str) -> Any:
 
 
 def build_params(
-    specs: Iterable[PassSpec], settings: Mapping[str, str] | None
+    specs: Iterable[PassSpec], settings: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Params instance per pass from ``{"gaps.min_gap_ns": "500000", ...}`` settings."""
+    """Params instance per pass from settings: ``{"gaps.min_gap_ns": "500000", ...}`` as
+    ``--set`` gives them (strings, read as the declared type), typed values
+    (``{"gaps.min_gap_ns": 500000}``, taken as they are), or a whole params object of a pass
+    (``{"gaps": GapsParams(min_gap_ns=500000)}``)."""
     specs = list(specs)
     by_name = {s.name: s for s in specs}
     overrides: dict[str, dict[str, Any]] = {s.name: {} for s in specs}
+    whole: dict[str, Any] = {}
     all_specs = registry()
     for key, raw in (settings or {}).items():
         pass_name, _, field = key.partition(".")
+        if not field and pass_name in by_name and isinstance(raw, by_name[pass_name].params):
+            whole[pass_name] = raw
+            continue
         if not field:
             raise ConfigError(
                 f"--set {key}={raw}: expected PASS.PARAM=VALUE, e.g. gaps.min_gap_ns=500000"
@@ -169,11 +176,14 @@ def build_params(
             )
         # the declared type, resolved (params modules use postponed annotations: strings)
         hint = typing.get_type_hints(by_name[pass_name].params)[field]
-        overrides[pass_name][field] = _coerce(raw, hint, f"--set {key}")
+        overrides[pass_name][field] = (_coerce(raw, hint, f"--set {key}")
+                                       if isinstance(raw, str) else raw)
     params: dict[str, Any] = {}
     for spec in specs:
         try:
-            params[spec.name] = spec.params(**overrides[spec.name])
+            base = whole.get(spec.name)
+            params[spec.name] = (spec.params(**overrides[spec.name]) if base is None
+                                 else dataclasses.replace(base, **overrides[spec.name]))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"parameters of pass {spec.name!r}: {exc}") from None
     return params

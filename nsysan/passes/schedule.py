@@ -8,13 +8,15 @@ start as soon as steps is done. Results do not depend on the order: each pass re
 trace's frames (built once, under a lock) and the results of the passes it names in
 ``requires``/``after``, which are finished before it starts.
 
-It pays on big traces: on 1M kernels (frames loaded) the passes took 1.99-2.06 s two at a
-time against 3.07-3.64 s one at a time. On small traces (below `CONCURRENT_MIN_OPS` GPU ops) a
-pass is many short calls, each holding the GIL for its Python part; there two threads were
-slower than one in a first measurement (sc22, 22k kernels: 0.98-1.17 s against 0.88-0.96 s end
-to end) and no faster in a later one, so they run one at a time. Concurrency also costs memory
-(two passes' intermediates alive at once: +10-25% peak on 1M kernels), so traces above
+It pays on big traces only (the measurements: bench/RESULTS.md, "Pass concurrency"): on small
+traces (below `CONCURRENT_MIN_OPS` GPU ops) a pass is many short calls, each holding the GIL for
+its Python part, and two threads were no faster than one, so they run one at a time. Concurrency
+also costs memory (two passes' intermediates alive at once), so traces above
 `CONCURRENT_MAX_OPS`, where one pass alone holds gigabytes, run one pass at a time too.
+
+The passes of one analysis share derived products (sorted ops, launch links, state sweeps)
+through its `AnalysisContext` (`nsysan.frames.context`), which `analysis_context` opens and
+closes: the scheduler owns the context's lifecycle.
 """
 
 from __future__ import annotations
