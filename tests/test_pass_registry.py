@@ -164,3 +164,12 @@ def test_params_as_strings_typed_values_or_objects_agree():
     assert both.min_gap_ns == 7
     with pytest.raises(ConfigError, match=r"expected PASS\.PARAM=VALUE"):
         registry.build_params(specs, {"gaps": "not a params object"})
+
+
+def test_the_schema_list_of_frames_matches_the_specs():
+    """`schemas.OUTPUTS` (frames) names the first passes' tables as their SPECs declare
+    them; a pass added later declares its tables in its SPEC only."""
+    from nsysan.frames import schemas
+
+    declared = {t: s for spec in registry.registry().values() for t, s in spec.tables.items()}
+    assert {t: declared[t] for t in schemas.OUTPUTS} == dict(schemas.OUTPUTS)

@@ -41,6 +41,7 @@ from nsysan.multirank.ranks import (
 from nsysan.multirank.stragglers import find_stragglers, rank_intervals
 from nsysan.passes import nccl as nccl_pass
 from nsysan.passes.base import Finding
+from nsysan.passes.schedule import analysis_context
 
 DATA_PATTERN = r"(?i)(data|loader|loading|fetch|prefetch|reader|dali|collate|next_batch|get_batch)"
 
@@ -176,7 +177,8 @@ def _steps(view: Trace) -> pl.DataFrame:
         from nsysan.passes import steps as steps_pass
     except ImportError:  # steps pass not installed in this build
         return schemas.empty(schemas.STEPS)
-    return steps_pass.run(view, steps_pass.StepsParams(), {}).tables["steps"]
+    with analysis_context(view) as shared:  # the steps' sweeps are shared within the pass
+        return steps_pass.run(shared, steps_pass.StepsParams(), {}).tables["steps"]
 
 
 def _local_metrics(trace: Trace, rows: pl.DataFrame) -> pl.DataFrame:
@@ -293,10 +295,12 @@ def analyze_job(
         rows = ranks.filter(pl.col("trace_index") == t_index)
         if rows.is_empty():
             continue
-        table = nccl_pass.with_default_ranks(nccl_pass.nccl_ops(trace, nccl_params), n_default)
+        with analysis_context(trace) as shared:  # ops and findings share the unions
+            table = nccl_pass.with_default_ranks(nccl_pass.nccl_ops(shared, nccl_params),
+                                                 n_default)
+            findings += [f for f in nccl_pass.nccl_findings(shared, table, nccl_params)
+                         if f.code == "NCCL_LOW_BANDWIDTH"]
         nccl_tables.append(table)
-        findings += [f for f in nccl_pass.nccl_findings(trace, table, nccl_params)
-                     if f.code == "NCCL_LOW_BANDWIDTH"]
         local.append(_local_metrics(trace, rows).with_columns(pl.lit(t_index).alias(
             "trace_index")))
         events.append(align.mpi_events(trace.frame("nvtx"), rows))
