@@ -17,7 +17,6 @@ several rank processes, or already opened traces, and returns a `JobResult`:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.load.files import check_openable
+from nsysan.load.files import job_files as job_files  # re-exported: it lived here
 from nsysan.multirank import align
 from nsysan.multirank.ranks import (
     MPI_OR_NCCL_API_RE,
@@ -91,40 +91,7 @@ class JobResult:
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
-_EXPORT_RE = re.compile(r"(?i)(\.nsys\d{4}(?:\.\d+)*)?\.(sqlite|parquetdir)$")
-_REPORT_RE = re.compile(r"(?i)\.(nsys-rep|qdrep)$")
-_PREFERENCE = {"sqlite": 0, "parquetdir": 1, "nsys-rep": 2, "qdrep": 2}
 _JOB_FILES = frozenset({"ranks.parquet", "collectives.parquet", "job_findings.md"})
-
-
-def job_files(directory: Path) -> list[Path]:
-    """One profile per report in a job directory: a report and its exports count once
-    (preferring a ``.sqlite`` export, then a parquetdir, then the report itself)."""
-    from nsysan.load.parquetdir import is_parquetdir
-
-    best: dict[str, tuple[int, str, Path]] = {}
-    for p in sorted(directory.iterdir()):
-        if p.name.startswith("."):
-            continue
-        low = p.name.lower()
-        if p.is_dir():
-            if not is_parquetdir(p):
-                continue
-            kind = "parquetdir"
-        elif low.endswith(".sqlite"):
-            kind = "sqlite"
-        elif low.endswith((".nsys-rep", ".qdrep")):
-            kind = low.rsplit(".", 1)[1]
-        else:
-            continue
-        base = _REPORT_RE.sub("", _EXPORT_RE.sub("", p.name))
-        cand = (_PREFERENCE[kind], p.name, p)
-        if base not in best or cand < best[base]:
-            best[base] = cand
-    if not best:
-        raise ConfigError(f"{directory}: no reports (.nsys-rep, .qdrep, .sqlite, parquetdir) "
-                          "found for --job")
-    return [best[b][2] for b in sorted(best)]
 
 
 def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None,
