@@ -6,7 +6,6 @@ import json
 import math
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from nsysan.errors import ConfigError
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
-from nsysan.passes.schedule import pass_workers, run_passes
+from nsysan.passes.schedule import analysis_context, pass_workers, run_passes
 
 if TYPE_CHECKING:
+    from nsysan.findings.rules import Diagnosis
     from nsysan.report.ownership import InputPaths, OwnedFolder
 
 #: the event frames an analysis reads, in the order the passes first need them
@@ -39,10 +40,18 @@ class AnalysisResult:
     results: dict[str, PassResult]
     params: dict[str, Any]
     timings_s: dict[str, float] = field(default_factory=dict)
-    diagnosis: Any = None  # nsysan.findings.Diagnosis when findings ran
+    diagnosis: Diagnosis | None = None  # when findings ran
     options: dict[str, Any] = field(default_factory=dict)
     #: nsysan.findings.FindingParams from ``findings.*`` settings (None: the defaults)
     finding_params: Any = None
+
+    def __repr__(self) -> str:
+        # compact for notebooks: the default dataclass repr prints every table
+        tables = ", ".join(f"{n} ({df.height})" for n, df in self.tables.items())
+        found = (f"{len(self.diagnosis.findings)} findings, verdict "
+                 f"{self.diagnosis.verdict.label}" if self.diagnosis is not None
+                 else "findings not drawn")
+        return f"AnalysisResult({self.trace_id!r}; tables: {tables or 'none'}; {found})"
 
     @property
     def trace_id(self) -> str:
@@ -69,16 +78,13 @@ class AnalysisResult:
         return [f for r in self.results.values() for f in r.findings]
 
 
-def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None) -> Trace:
+def _open(path_or_trace: str | os.PathLike[str] | Trace, nsys: str | None,
+          frame_cache: bool | None = None) -> Trace:
     if isinstance(path_or_trace, Trace):
         return path_or_trace
     from nsysan.load import open_trace
 
-    return open_trace(path_or_trace, nsys=nsys)
-
-
-#: the traces `start` has already started (so that `analyze` of one does not start it again)
-_STARTED: weakref.WeakSet[Trace] = weakref.WeakSet()
+    return open_trace(path_or_trace, nsys=nsys, frame_cache=frame_cache)
 
 
 def start(
@@ -87,6 +93,7 @@ def start(
     nsys: str | None = None,
     findings: bool = True,
     hash_inputs: bool = False,
+    frame_cache: bool | None = None,
 ) -> Trace:
     """Open a trace for `analyze` and start reading what the analysis will need.
 
@@ -95,10 +102,11 @@ def start(
     and while the first passes run; with ``hash_inputs`` the input files are hashed for the
     manifest in a background thread too. `analyze` calls it; a caller may call it earlier
     (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
+    ``frame_cache`` is `nsysan.load.open_trace`'s (False: no Parquet cache of the frames).
     """
-    trace = _open(path_or_trace, nsys)
-    if trace in _STARTED:
-        return trace
+    trace = _open(path_or_trace, nsys, frame_cache)
+    # Starting a trace again starts nothing new: the hashes are keyed by file version and a
+    # frame is prefetched once (`Trace.prefetch`).
     if hash_inputs:
         from nsysan.report.manifest import default_inputs, prefetch_sha256
 
@@ -111,7 +119,6 @@ def start(
             "MEMSET/RUNTIME) — record the profile with `nsys profile --trace=cuda,...`"
         )
     trace.prefetch((*EVENT_FRAMES, *SMALL_FRAMES) if findings else EVENT_FRAMES[:3])
-    _STARTED.add(trace)
     return trace
 
 
@@ -119,24 +126,31 @@ def analyze(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
     passes: Iterable[str] | None = None,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, Any] | None = None,
     samples_per_step: float | None = None,
     tokens_per_step: float | None = None,
     nsys: str | None = None,
     findings: bool = True,
     hash_inputs: bool = False,
+    frame_cache: bool | None = None,
 ) -> AnalysisResult:
     """Run the selected passes (default: all default passes) on one trace.
 
     ``settings`` are ``{"PASS.PARAM": "VALUE"}`` overrides as given to ``--set``. With
     ``hash_inputs`` (for callers that then `write_outputs`), the input files are hashed for the
-    manifest in a background thread while the passes run.
+    manifest in a background thread while the passes run. ``frame_cache``: see `start`.
     """
-    result = _run_passes(path_or_trace, passes=passes, settings=settings,
-                         samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                         nsys=nsys, findings=findings, hash_inputs=hash_inputs)
-    if findings:
-        _diagnose_timed(result)
+    t0 = time.perf_counter()
+    trace = _open(path_or_trace, nsys, frame_cache)
+    opened_s = time.perf_counter() - t0
+    # the passes and the findings share one context: its products are freed on return
+    with analysis_context(trace) as ctx:
+        result = _run_passes(ctx, passes=passes, settings=settings,
+                             samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                             nsys=nsys, findings=findings, hash_inputs=hash_inputs)
+        result.timings_s["open"] += opened_s
+        if findings:
+            _diagnose_timed(result, ctx)
     return result
 
 
@@ -144,7 +158,7 @@ def _run_passes(
     path_or_trace: str | os.PathLike[str] | Trace,
     *,
     passes: Iterable[str] | None = None,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, Any] | None = None,
     samples_per_step: float | None = None,
     tokens_per_step: float | None = None,
     nsys: str | None = None,
@@ -165,11 +179,8 @@ def _run_passes(
         _findings_module()
     results, pass_timings = run_passes(specs, trace, params, pass_workers(trace))
     timings.update(pass_timings)
-    from nsysan.passes.steps import forget_segments
-
-    forget_segments(trace)  # shared by steps and overlap only; held while the passes run
     return AnalysisResult(
-        trace=trace,
+        trace=trace.base if isinstance(trace, AnalysisContext) else trace,
         results=results,
         params=params,
         timings_s=timings,
@@ -199,9 +210,9 @@ def check_per_step(**values: float | None) -> None:
                               f"got {value!r}")
 
 
-def _diagnose_timed(result: AnalysisResult) -> None:
+def _diagnose_timed(result: AnalysisResult, trace: Trace) -> None:
     t = time.perf_counter()
-    result.diagnosis = _diagnose(result)
+    result.diagnosis = _diagnose(result, trace)
     result.timings_s["findings"] = time.perf_counter() - t
 
 
@@ -213,11 +224,11 @@ def _findings_module() -> Any:
     return nsysan.findings
 
 
-def _diagnose(result: AnalysisResult) -> Any:
+def _diagnose(result: AnalysisResult, trace: Trace) -> Any:
     findings = _findings_module()
     if findings is None:
         return None
-    return findings.diagnose(result.trace, result.results, params=result.finding_params, **{
+    return findings.diagnose(trace, result.results, params=result.finding_params, **{
         k: v for k, v in result.options.items() if v is not None
     })
 
@@ -253,10 +264,12 @@ def _prepare_folder(trace: Trace, out_dir: str | os.PathLike[str],
 
 
 def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool,
-                   perfetto: bool = False) -> Path:
+                   trace: Trace | None = None, perfetto: bool = False) -> Path:
     """`write_outputs` into the prepared ``folder``; with ``diagnose``, the findings are drawn
     (`_diagnose_timed`) while the Parquet tables are written: they need only the pass
-    results."""
+    results. ``trace``: the context of the analysis, when it is still open (its products
+    serve the findings and pictures)."""
+    trace = trace or result.trace
     from nsysan.report.atomic import output_error
     from nsysan.report.manifest import MANIFEST_JSON
     from nsysan.report.parquet import write_tables
@@ -280,10 +293,9 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
                 result.timings_s["write_parquet"] = tables_written.result()
 
             if diagnose:
-                _diagnose_timed(result)
-            _write_reports(result, tmp, tables_done, perfetto)
+                _diagnose_timed(result, trace)
+            _write_reports(result, trace, tmp, tables_done, perfetto)
             tables_done()  # also when no report was written: raise its error
-        _forget_streams(result.trace)
         manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
         described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
                      if manifest.is_file() else [])
@@ -297,23 +309,19 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
         folder.abort()  # (nothing once committed)
 
 
-def _write_reports(result: AnalysisResult, out_dir: Path,
+def _write_reports(result: AnalysisResult, trace: Trace, out_dir: Path,
                    before_manifest: Callable[[], object], perfetto: bool = False) -> None:
     try:
+        from nsysan.report.manifest import ManifestInfo
         from nsysan.report.write import write_report
     except ImportError:
         return
-    write_report(out_dir, result, before_manifest=before_manifest, perfetto=perfetto)
-
-
-def _forget_streams(trace: Trace) -> None:
-    """Free the interval streams the findings and the pictures shared (see
-    `nsysan.findings.streams`): nothing reads them once the reports are written."""
-    try:
-        from nsysan.findings import streams
-    except ImportError:  # findings package not installed in this build
-        return
-    streams.forget(trace)
+    info = ManifestInfo(params=result.params, timings_s=result.timings_s,
+                        options=result.options)
+    # the reports render the findings: drawn here when the analysis did not draw them
+    diagnosis = result.diagnosis if result.diagnosis is not None else _diagnose(result, trace)
+    write_report(out_dir, trace, result.results, diagnosis, info,
+                 before_manifest=before_manifest, perfetto=perfetto)
 
 
 def analyze_to_dir(
@@ -341,14 +349,17 @@ def analyze_to_dir(
         require()
     findings = kwargs.pop("findings", True)
     t0 = time.perf_counter()
-    trace = _open(path_or_trace, kwargs.get("nsys"))
+    trace = _open(path_or_trace, kwargs.get("nsys"), kwargs.pop("frame_cache", None))
     opened_s = time.perf_counter() - t0
     folder = _prepare_folder(trace, out_dir, protect)
-    try:
-        result = _run_passes(trace, findings=findings, **kwargs)
-    except BaseException:
-        folder.abort()
-        raise
-    result.timings_s["open"] += opened_s
-    result.timings_s.update(timings_s or {})
-    return result, _write_outputs(result, folder, diagnose=findings, perfetto=perfetto)
+    # one context for the passes, the findings and the reports: freed once they are written
+    with analysis_context(trace) as ctx:
+        try:
+            result = _run_passes(ctx, findings=findings, **kwargs)
+        except BaseException:
+            folder.abort()
+            raise
+        result.timings_s["open"] += opened_s
+        result.timings_s.update(timings_s or {})
+        return result, _write_outputs(result, folder, diagnose=findings, trace=ctx,
+                                      perfetto=perfetto)

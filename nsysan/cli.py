@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from nsysan import __version__
+from nsysan._version import __version__
 from nsysan.errors import NsysanError
 
 F = TypeVar("F", bound=Callable[..., Any])

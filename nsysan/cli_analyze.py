@@ -124,14 +124,13 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     from nsysan.api import analyze_to_dir
     from nsysan.passes import registry
 
-    if no_cache:  # read by nsysan.load.cache wherever a trace is opened (batch workers too)
-        os.environ["NSYSAN_NO_CACHE"] = "1"
+    frame_cache = False if no_cache else None  # passed to every opening, explicitly
 
     # The first trace opens and its frames load in background threads while this thread
     # imports the passes, the findings and the reports (~0.25 s, a quarter of a small
     # analysis); an error of the opening is raised where the trace is analysed, after the
     # usage checks below, as if it had been opened there.
-    first = None if job or not traces else _Opening(traces[0], nsys)
+    first = None if job or not traces else _Opening(traces[0], nsys, frame_cache)
     selected = parse_passes(passes)
     parsed = parse_settings(settings)
     # Validate passes and parameters once, before any trace is analysed.
@@ -147,7 +146,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             raise click.UsageError(
                 f"{', '.join(ignored)} cannot be used with --job: the multi-rank analysis has "
                 "no pass selection or parameters; analyse the rank files without --job for that")
-        _analyze_job(traces, out, rank_map, nsys, fail_on)
+        _analyze_job(traces, out, rank_map, nsys, fail_on, frame_cache)
         return
     if rank_map:
         raise click.UsageError("--rank-map needs --job")
@@ -171,7 +170,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
             result, target = analyze_to_dir(
                 path if opened is None else opened[0], out, passes=selected, settings=parsed,
                 samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                nsys=str(nsys) if nsys else None, protect=protect,
+                nsys=str(nsys) if nsys else None, protect=protect, frame_cache=frame_cache,
                 timings_s=None if opened is None else {"open": opened[1]}, perfetto=perfetto)
         except ConfigError:
             raise  # a usage mistake applies to every trace: stop at once
@@ -234,8 +233,8 @@ def show_traceback(exc: BaseException) -> None:
 class _Opening:
     """`nsysan.api.start` of one trace in a background thread; `result` waits for it."""
 
-    def __init__(self, path: Path, nsys: Path | None):
-        self._path, self._nsys = path, nsys
+    def __init__(self, path: Path, nsys: Path | None, frame_cache: bool | None):
+        self._path, self._nsys, self._frame_cache = path, nsys, frame_cache
         self._trace: Trace | None = None
         self._error: BaseException | None = None
         self._seconds = 0.0
@@ -249,7 +248,7 @@ class _Opening:
         t = time.perf_counter()
         try:
             self._trace = start(self._path, nsys=str(self._nsys) if self._nsys else None,
-                                hash_inputs=True)
+                                hash_inputs=True, frame_cache=self._frame_cache)
         except BaseException as exc:
             self._error = exc
         self._seconds = time.perf_counter() - t
@@ -272,14 +271,15 @@ def _import_reports() -> None:
 
 
 def _analyze_job(traces: tuple[Path, ...], out: Path, rank_map: str | None,
-                 nsys: Path | None, fail_on: str | None) -> None:
+                 nsys: Path | None, fail_on: str | None, frame_cache: bool | None) -> None:
     try:
         from nsysan.multirank import analyze_job, write_job_outputs
     except ImportError as exc:  # pragma: no cover - the package is part of nsysan
         raise ConfigError(f"multi-rank analysis is unavailable: {exc}") from None
     check_distinct_inputs(traces)
     mapping = parse_rank_map(rank_map) if rank_map else None
-    job = analyze_job(list(traces), rank_map=mapping, nsys=str(nsys) if nsys else None)
+    job = analyze_job(list(traces), rank_map=mapping, nsys=str(nsys) if nsys else None,
+                      frame_cache=frame_cache)
     target = write_job_outputs(job, out / f"job_{job.job_id}")
     counts = {s: sum(f.severity == s for f in job.findings) for s in reversed(SEVERITIES)}
     found = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none"

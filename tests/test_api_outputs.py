@@ -61,7 +61,7 @@ def test_a_failure_while_drawing_findings_leaves_no_output(
 ) -> None:
     import nsysan.api as api
 
-    def broken(result: object) -> None:
+    def broken(*args: object) -> None:
         raise RuntimeError("findings failed")
 
     monkeypatch.setattr(api, "_diagnose", broken)

@@ -143,3 +143,25 @@ def test_python_dash_m_runs_the_cli() -> None:
     done = subprocess.run([sys.executable, "-m", "nsysan", "--version"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "nsysan" in done.stdout
+
+
+def test_no_cache_is_a_parameter_not_the_environment(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--no-cache`` reaches every opening as ``frame_cache=False`` and leaves the process
+    environment as it was (a library configured through os.environ outlives the command)."""
+    import os
+
+    from nsysan.load import cache
+
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    asked: list[bool | None] = []
+    real = cache.enabled
+    monkeypatch.setattr(cache, "enabled", lambda p, f, fc: asked.append(fc) or real(p, f, fc))
+    code, _, err = run("analyze", str(EXAMPLE), "-o", str(tmp_path / "a"), "--no-cache")
+    assert code == 0, err
+    assert asked and set(asked) == {False}
+    assert "NSYSAN_NO_CACHE" not in os.environ
+    asked.clear()
+    code, _, err = run("analyze", str(EXAMPLE), "-o", str(tmp_path / "b"))
+    assert code == 0, err
+    assert set(asked) == {None}

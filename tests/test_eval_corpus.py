@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nsysan.errors import ConfigError
+from nsysan.evaluation import corpus as ev
 from nsysan.findings.catalogue import CATALOGUE
-from nsysan.testing import eval as ev
 from tests.conftest import unavailable
 
 LABELS = ev.load_labels()
@@ -97,7 +97,7 @@ def test_a_missed_expectation_and_a_forbidden_finding_fail(tmp_path: Path) -> No
 
 def test_scores_file_is_in_the_repository() -> None:
     """(Not compared with a fresh run: labels added in other branches change the counts;
-    `python -m nsysan.testing.eval --write bench/eval_scores.md` refreshes it.)"""
+    `python -m nsysan.evaluation --write bench/eval_scores.md` refreshes it.)"""
     page = (ev.REPO / "bench" / "eval_scores.md").read_text(encoding="utf-8")
     assert page.startswith("# Evaluation corpus scores")
     assert "| code | TP | FN | FP | TN | precision | recall |" in page

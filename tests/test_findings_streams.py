@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from nsysan.findings import streams
 from nsysan.findings.context import Context
 from nsysan.frames import intervals
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks
 
@@ -93,10 +94,11 @@ def test_gaps_between_blocks_is_the_complement() -> None:
     assert streams.gaps_between(blocks).equals(want)
 
 
-def test_busy_union_is_memoised_per_frame() -> None:
+def test_busy_union_is_shared_within_an_analysis() -> None:
     tr, _ = scenario("healthy")
+    tr = AnalysisContext(tr)
     first = streams.busy_blocks(tr)
-    assert streams.busy_blocks(tr) is first  # computed once per trace
+    assert streams.busy_blocks(tr) is first  # computed once per analysis
     want = intervals.union(tr.frame("gpu_ops").filter(pl.col("start_ns") > 0),
                            by=["device_id"]).collect()
     assert first.equals(want)

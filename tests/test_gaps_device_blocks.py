@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsysan.frames import intervals
+from nsysan.frames.context import AnalysisContext, Product, product
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks
 
@@ -85,21 +86,25 @@ def test_gaps_between_is_the_complement() -> None:
     assert device_blocks.gaps_between(device_blocks.union(tr, timed=False)).equals(want)
 
 
-def test_stream_and_unions_are_memoised_per_frame() -> None:
-    tr = _trace([(0, 1, 5, "compute"), (0, 7, 9, "nccl")])
+def test_stream_and_unions_are_shared_within_an_analysis_per_frame() -> None:
+    tr = AnalysisContext(_trace([(0, 1, 5, "compute"), (0, 7, 9, "nccl")]))
     first = device_blocks.union(tr)
     assert device_blocks.union(tr) is first
     # a replaced gpu_ops frame is never served the old union
-    tr2 = Trace.from_frames("t", {"gpu_ops": pl.DataFrame(
-        [(0, 1, 3, "compute")], schema=SCHEMA, orient="row")})
+    tr2 = AnalysisContext(Trace.from_frames("t", {"gpu_ops": pl.DataFrame(
+        [(0, 1, 3, "compute")], schema=SCHEMA, orient="row")}))
     assert device_blocks.union(tr2)["end_ns"].to_list() == [3]
-    device_blocks.forget(tr)
+    tr.close()
     again = device_blocks.union(tr)
     assert again is not first and again.equals(first)
+    # a plain trace keeps nothing: the same union every time, built each time
+    plain = tr.base
+    assert device_blocks.union(plain) is not device_blocks.union(plain)
+    assert device_blocks.union(plain).equals(first)
 
 
 def test_a_union_already_made_is_found_without_a_pass_over_the_ops(monkeypatch) -> None:
-    tr = _trace([(0, 1, 5, "compute"), (0, 0, 9, "nccl"), (1, 2, 4, "weird")])
+    tr = AnalysisContext(_trace([(0, 1, 5, "compute"), (0, 0, 9, "nccl"), (1, 2, 4, "weird")]))
     compute = device_blocks.union(tr, ["compute"], True)
     untimed_nccl = device_blocks.union(tr, ["nccl"], False)
 
@@ -118,25 +123,20 @@ def test_a_value_asked_for_by_two_threads_at_once_is_built_once() -> None:
     import threading
     import time
 
-    from nsysan.passes.trace_memo import TraceMemo
-
-    memo: TraceMemo[int] = TraceMemo()
-    tr = _trace([(0, 1, 5, "compute")])
-    frames = [tr.frame("gpu_ops")]
+    tr = AnalysisContext(_trace([(0, 1, 5, "compute")]))
     calls = []
 
-    def build() -> int:
+    def build(trace) -> int:
         calls.append(1)
         time.sleep(0.05)  # the other thread asks meanwhile
         return 42
 
+    answer = Product("answer", ("gpu_ops",), build)
     got: list[int] = []
-    threads = [threading.Thread(target=lambda: got.append(memo.get(tr, frames, build)))
+    threads = [threading.Thread(target=lambda: got.append(product(tr, answer)))
                for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert got == [42, 42] and len(calls) == 1
-    # other frames: built again
-    assert memo.get(tr, [frames[0].head(0)], lambda: 7) == 7

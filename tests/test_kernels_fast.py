@@ -1,7 +1,7 @@
-"""The fast path of the kernels pass against the polars form it stands for:
-`kernels._launch_stats` (numpy gathers of the call bounds) against `_launched_polars`, with
-ops whose call is unknown, no API call at all, null call bounds, null demangled names and
-non-kernel ops."""
+"""The launch statistics of the kernels pass (`kernels._launch_stats`: numpy gathers of the
+call bounds, polars gathers when a bound is null) against a join written here, with ops whose
+call is unknown, no API call at all, null call bounds, null demangled names and non-kernel
+ops."""
 
 from __future__ import annotations
 
@@ -44,13 +44,14 @@ def test_launch_stats_equal_the_polars_gathers(api_bounds) -> None:
     for name in (pl.col("demangled_name"),
                  pl.coalesce("demangled_name", "name").alias("demangled_name")):
         got = kernels._launch_stats(tr.gpu_ops, tr.cuda_api, rows, name)
-        if any(e is None for _, e in api_bounds):
-            assert got is None  # null call bounds: the polars path
-            continue
-        assert got is not None
-        want = kernels._launched_polars(tr, name).select(
-            "demangled_name", "short_name", "op_class", "_dur",
-            (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
-            (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"))
+        calls = tr.cuda_api.select("global_pid", "correlation_id",
+                                   pl.col("start_ns").alias("_as"), pl.col("end_ns").alias("_ae"))
+        want = (tr.gpu_ops.filter(pl.col("kind") == "kernel")
+                .join(calls, on=["global_pid", "correlation_id"], how="left",
+                      maintain_order="left")
+                .select(name, pl.col("name").alias("short_name"), "op_class",
+                        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
+                        (pl.col("_ae") - pl.col("_as")).alias("_api_dur"),
+                        (pl.col("start_ns") - pl.col("_as")).alias("_queue")))
         assert got.equals(want)
         assert got.height == 6 and got["_queue"].null_count() > 0

@@ -119,10 +119,10 @@ def _crash_on(monkeypatch: pytest.MonkeyPatch, trace_id: str) -> None:
 
     real = api._diagnose
 
-    def diagnose(result: api.AnalysisResult) -> object:
+    def diagnose(result: api.AnalysisResult, *context: object) -> object:
         if result.trace_id == trace_id:
             raise RuntimeError("boom in the findings")
-        return real(result)
+        return real(result, *context)
 
     monkeypatch.setattr(api, "_diagnose", diagnose)
 

@@ -166,7 +166,7 @@ def test_report_with_layers_and_without_nvtx(tmp_path: Path) -> None:
                              "exclusive_gpu_ns": [6_000_000, 9_000_000],
                              "exclusive_frac": [0.4, 0.6]})
     tr, res = c.build(_steps())
-    written = {p.name for p in write_report(tmp_path, tr, res)}
+    written = {p.name for p in write_report(tmp_path, tr, res, diagnose(tr, res))}
     assert "layers.png" in written
     with Image.open(tmp_path / "layers.png") as im:
         im.verify()
@@ -184,7 +184,8 @@ def test_report_with_layers_and_without_nvtx(tmp_path: Path) -> None:
 
 def test_write_report_accepts_an_analysis_result(tmp_path: Path) -> None:
     tr, res = scenario("launch_bound")
-    result = SimpleNamespace(trace=tr, results=res, diagnosis=None, params={},
+    result = SimpleNamespace(trace=tr, results=res, params={},
+                             diagnosis=diagnose(tr, res, samples_per_step=4),
                              timings_s={"open": 0.1}, options={"samples_per_step": 4})
     written = write_report(tmp_path, result)
     doc = json.loads((tmp_path / "findings.json").read_text(encoding="utf-8"))
@@ -210,3 +211,11 @@ def test_bin_coverage(starts, ends, edges, expected) -> None:
     got = _coverage(np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64),
                     np.array(edges, dtype=np.int64))
     assert got == pytest.approx(expected)
+
+
+def test_the_reports_render_findings_and_do_not_draw_them(tmp_path):
+    """Drawing findings is the analysis' part (`nsysan.api`): a report without them is a
+    caller's mistake, said at once."""
+    tr, res = healthy().build(_steps())
+    with pytest.raises(TypeError, match="needs the diagnosis"):
+        write_report(tmp_path, tr, res)

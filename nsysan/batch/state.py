@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import nsysan
+from nsysan._version import __version__
 
 MARKER = ".nsysan-done.json"
 MARKER_VERSION = 1
@@ -114,7 +114,7 @@ def analysis_params(
 def skip_key(input_sha256: str, params: Mapping[str, Any], version: str | None = None) -> str:
     payload = {
         "input_sha256": input_sha256,
-        "nsysan_version": version or nsysan.__version__,
+        "nsysan_version": version or __version__,
         "params": params,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import nsysan
+from nsysan._version import __version__
 from nsysan.batch import state
 from nsysan.batch.summary import extra_metrics, finding_rows, json_safe, summary_metrics
 from nsysan.errors import NsysanError
@@ -40,7 +40,7 @@ class RunTask:
     passes: tuple[str, ...] | None = None  # as given by the user (None: defaults)
     settings: tuple[tuple[str, str], ...] = ()
     nsys: str | None = None
-    nsysan_version: str = nsysan.__version__  # the coordinator's: part of the skip key
+    nsysan_version: str = __version__  # the coordinator's: part of the skip key
     #: the capture's other forms (report / exports beside the analysed one), as paths
     aliases: tuple[str, ...] = ()
 
@@ -76,7 +76,7 @@ class RunRecord:
     error_type: str | None = None
     error_message: str | None = None
     error_detail: str | None = None  # traceback of unexpected (non-nsysan) errors
-    nsysan_version: str = nsysan.__version__
+    nsysan_version: str = __version__
     params_json: str | None = None
     worker: str | None = None  # host:pid that ran it
     peak_rss_bytes: int | None = None
@@ -183,10 +183,10 @@ def run_one(task: RunTask) -> RunRecord:
     t0 = time.perf_counter()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        if task.nsysan_version != nsysan.__version__:
+        if task.nsysan_version != __version__:
             # A Dask worker with another install would write outputs under a wrong skip key.
             raise NsysanError(
-                f"worker {worker} runs nsysan {nsysan.__version__}, the batch was started with "
+                f"worker {worker} runs nsysan {__version__}, the batch was started with "
                 f"{task.nsysan_version}: install the same version on every worker"
             )
         from nsysan.api import analyze_to_dir

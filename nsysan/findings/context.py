@@ -32,7 +32,6 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 from nsysan.passes.base import PassResult
 from nsysan.passes.distinct import distinct
-from nsysan.passes.op_keys import OP_KEY, join_on_op
 
 #: Which pass writes which table (for "not evaluated" reasons).
 TABLE_PASS = {
@@ -291,8 +290,7 @@ class Context:
         launch call submits the work by the time it returns, so the GPU waited for the host
         when the earliest of those calls returned after the gap had started. The ops are
         matched to the gap ends on one packed Int64 (device, time) key (two-column joins cost
-        several times more on 1M-kernel traces) and to their calls through `op_link` (else a
-        join on the packed op key)."""
+        several times more on 1M-kernel traces) and to their calls through `op_link`."""
         ends = gaps.select(["device_id", pl.col("end_ns").alias("start_ns")])
         rows = op_link.api_rows(self.trace)
         api = self.trace.frame("cuda_api")
@@ -300,28 +298,14 @@ class Context:
         # Only ops starting at some gap's end can match: an Int64 set test cuts the million
         # ops down before any key is packed or any call is looked up.
         at_end = pl.col("start_ns").is_in(ends["start_ns"].implode())
-        if rows is not None:  # every op's call is known (`op_link`): gather its return
-            ops = (ops.select(["device_id", "start_ns"]).with_columns(pl.Series("_row", rows))
-                   .filter(at_end & (pl.col("_row") >= 0)).drop_nulls())
-            ops = ops.with_columns(op_link.gather(api["end_ns"], ops["_row"]).alias("_api_end"))
-        else:
-            ops = (ops.select(["device_id", "start_ns", "global_pid", "correlation_id"])
-                   .filter(at_end).drop_nulls())  # an equi-join never matches nulls
+        # every op's call is known (`op_link`): gather its return
+        ops = (ops.select(["device_id", "start_ns"]).with_columns(pl.Series("_row", rows))
+               .filter(at_end & (pl.col("_row") >= 0)).drop_nulls())
+        ops = ops.with_columns(op_link.gather(api["end_ns"], ops["_row"]).alias("_api_end"))
         at = Keys([ops, ends], ["device_id"], ["start_ns"])
         end_key = at.pack(1, "start_ns").alias("_at")
-        if rows is not None:  # the earliest return per end key: a binary search per op
-            return streams.min_at(end_key, at.pack(0, "start_ns"), ops["_api_end"])
-        ops = (ops.with_columns(at.pack(0, "start_ns").alias("_at"))
-               .join(end_key.to_frame(), on="_at", how="semi"))  # only ops that end a gap
-        first_return = (
-            join_on_op(ops.lazy().select(["_at", *OP_KEY]),
-                       api.lazy().select([*OP_KEY, pl.col("end_ns").alias("_api_end")]),
-                       [ops, api])
-            .group_by("_at").agg(pl.col("_api_end").min()).collect()
-        )
-        # a gap with a null device gets group code 0, which no (non-null) op has: no match
-        return (end_key.to_frame().join(first_return, on="_at", how="left",
-                                        maintain_order="left")["_api_end"])
+        # the earliest return per end key: a binary search per op
+        return streams.min_at(end_key, at.pack(0, "start_ns"), ops["_api_end"])
 
     def can_classify_short_gaps(self) -> None:
         self.need_frame("gpu_ops")
@@ -368,27 +352,19 @@ class Context:
                 "src_kind", "dst_kind", "bytes"]
         is_copy = pl.col("kind") == "memcpy"
         rows = op_link.api_rows(self.trace)
-        if rows is not None:
-            # Every op's call is known (`op_link`): the copies' memcpy calls are a gather,
-            # not a join of every copy with every memcpy call (the left join's result).
-            # (the copies are few: gathered by row number, not a filter of every column)
-            at = ops.select(pl.arg_where(is_copy)).to_series()
-            copies = ops.select(cols)[at].with_columns(pl.Series("_row", rows[at.to_numpy()]))
-            call = copies.select(pl.when(op_link.gather(api["api_class"], copies["_row"])
-                                         == "memcpy").then(pl.col("_row")).otherwise(-1))
-            call = call.to_series()
-            j = copies.select(cols).with_columns(
-                op_link.gather(api["name"], call).alias("api_name"),
-                op_link.gather(api["start_ns"], call).alias("api_start"),
-                op_link.gather(api["end_ns"], call).alias("api_end"),
-            ).lazy()
-        else:
-            # lazy, so that only the needed columns of the copies and calls are gathered
-            copies_lf = ops.lazy().filter(is_copy).select(cols)
-            calls = api.lazy().filter(pl.col("api_class") == "memcpy").select(
-                ["global_pid", "correlation_id", pl.col("name").alias("api_name"),
-                 pl.col("start_ns").alias("api_start"), pl.col("end_ns").alias("api_end")])
-            j = copies_lf.join(calls, on=["global_pid", "correlation_id"], how="left")
+        # Every op's call is known (`op_link`): the copies' memcpy calls are a gather, not a
+        # join of every copy with every memcpy call (the left join's result).
+        # (the copies are few: gathered by row number, not a filter of every column)
+        at = ops.select(pl.arg_where(is_copy)).to_series()
+        copies = ops.select(cols)[at].with_columns(pl.Series("_row", rows[at.to_numpy()]))
+        call = copies.select(pl.when(op_link.gather(api["api_class"], copies["_row"])
+                                     == "memcpy").then(pl.col("_row")).otherwise(-1))
+        call = call.to_series()
+        j = copies.select(cols).with_columns(
+            op_link.gather(api["name"], call).alias("api_name"),
+            op_link.gather(api["start_ns"], call).alias("api_start"),
+            op_link.gather(api["end_ns"], call).alias("api_end"),
+        ).lazy()
         is_async = pl.col("api_name").str.contains("(?i)async")
         pageable = ((pl.col("src_kind") == "pageable")
                     | (pl.col("dst_kind") == "pageable")).fill_null(False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -141,6 +142,7 @@ def from_settings(settings: Mapping[str, str] | None) -> FindingParams:
     from nsysan.passes.registry import _coerce  # the same value parsing as pass parameters
 
     known = {f.name: f for f in fields(FindingParams)}
+    hints = typing.get_type_hints(FindingParams)  # the annotations are strings (PEP 563)
     overrides: dict[str, Any] = {}
     for key, raw in (settings or {}).items():
         if not key.startswith(PREFIX):
@@ -149,7 +151,8 @@ def from_settings(settings: Mapping[str, str] | None) -> FindingParams:
         if name not in known:
             raise ConfigError(f"--set {key}: no finding threshold {name!r}; see "
                               "`nsysan findings` for the list")
-        overrides[name] = _coerce(str(raw), known[name].type, f"--set {key}")
+        overrides[name] = (_coerce(raw, hints[name], f"--set {key}") if isinstance(raw, str)
+                           else raw)  # a typed value (API) is taken as given
     return FindingParams(**overrides)
 
 

@@ -21,6 +21,7 @@ from nsysan.findings.evidence import normalise
 from nsysan.findings.params import FindingParams
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import LAYERS, SEVERITIES, Finding, PassResult
+from nsysan.passes.schedule import analysis_context
 
 Rule = Callable[[Context], list[Finding]]
 
@@ -128,37 +129,40 @@ def diagnose(
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ConfigError(f"--{name.replace('_', '-')} must be positive and finite, "
                               f"got {v!r}")
-    ctx = Context(trace, results, params or FindingParams())
-    findings: list[Finding] = []
-    not_found: list[str] = []
-    unavailable: list[str] = []
-    reasons: dict[str, str] = {}
-    for code, rule in RULES.items():
-        try:
-            out = rule(ctx)
-        except NotEvaluated as exc:
-            unavailable.append(code)
-            reasons[code] = str(exc)
-            continue
-        if out:
-            findings.extend(out)
-        else:
-            not_found.append(code)
-    produced = {f.code for f in findings} | set(RULES)
-    for r in results.values():
-        findings.extend(replace(f, evidence=normalise(f.evidence)) for f in r.findings
-                        if f.code not in produced and f.layer in LAYERS
-                        and f.severity in SEVERITIES)
-    act = judgement.activity(ctx)
-    findings = judgement.cap(ctx, act, findings)
-    findings.sort(key=_sort_key)
-    return Diagnosis(
-        trace_id=trace.trace_id,
-        baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
-        verdict=compute_verdict(ctx, findings, judgement.insufficient(ctx, act)),
-        findings=findings,
-        not_found=not_found,
-        unavailable=unavailable,
-        reasons=reasons,
-        params=ctx.params,
-    )
+    # the rules share the products of the analysis (unions, launch links) with the passes:
+    # through its context, or one of their own when called on a plain trace
+    with analysis_context(trace) as shared:
+        ctx = Context(shared, results, params or FindingParams())
+        findings: list[Finding] = []
+        not_found: list[str] = []
+        unavailable: list[str] = []
+        reasons: dict[str, str] = {}
+        for code, rule in RULES.items():
+            try:
+                out = rule(ctx)
+            except NotEvaluated as exc:
+                unavailable.append(code)
+                reasons[code] = str(exc)
+                continue
+            if out:
+                findings.extend(out)
+            else:
+                not_found.append(code)
+        produced = {f.code for f in findings} | set(RULES)
+        for r in results.values():
+            findings.extend(replace(f, evidence=normalise(f.evidence)) for f in r.findings
+                            if f.code not in produced and f.layer in LAYERS
+                            and f.severity in SEVERITIES)
+        act = judgement.activity(ctx)
+        findings = judgement.cap(ctx, act, findings)
+        findings.sort(key=_sort_key)
+        return Diagnosis(
+            trace_id=trace.trace_id,
+            baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
+            verdict=compute_verdict(ctx, findings, judgement.insufficient(ctx, act)),
+            findings=findings,
+            not_found=not_found,
+            unavailable=unavailable,
+            reasons=reasons,
+            params=ctx.params,
+        )

@@ -20,7 +20,6 @@ from nsysan.findings.evidence import (
 from nsysan.load.quality import RULES as QUALITY_RULES
 from nsysan.passes import op_link
 from nsysan.passes.base import Finding
-from nsysan.passes.op_keys import OP_KEY, join_on_op
 
 #: Missing canonical frame -> (severity, what is lost). NVTX has its own code (NVTX_MISSING).
 _MISSING_SEVERITY = {
@@ -129,34 +128,22 @@ def nvtx_unterminated(ctx: Context) -> list[Finding]:
 def truncated(ctx: Context) -> list[Finding]:
     """CAPTURE_TRUNCATED: successful kernel launches with no GPU record."""
     p = ctx.params
-    ops = ctx.need_frame("gpu_ops")
+    ctx.need_frame("gpu_ops")  # NotEvaluated when not captured
     api = ctx.need_frame("cuda_api")
     # cheap tests first: the name regex then runs on launch calls only
     is_launch = (pl.col("api_class") == "launch") & (pl.col("return_value").fill_null(0) == 0)
     rows = op_link.api_rows(ctx.trace)
-    if rows is not None:
-        # Every op's call is known (`op_link`): a launch is found when some op points at it,
-        # an array lookup instead of an anti-join of the two largest frames.
-        # (eager, in this order: measured faster than the lazy plan, which tests the name of
-        # every call)
-        launches = (api.select("name", "start_ns", "end_ns")
-                    .with_columns(op_link.launched(ctx.trace, rows))
-                    .filter(api.select(is_launch).to_series()).filter(~_GRAPH_NAME))
-        if launches.is_empty():
-            raise NotEvaluated("no kernel launch calls in the trace")
-        lost = launches.filter(~pl.col("_launched"))
-        found = launches.select(pl.col("start_ns").filter(pl.col("_launched"))).to_series()
-    else:
-        launches = api.filter(is_launch).filter(~_GRAPH_NAME)
-        if launches.is_empty():
-            raise NotEvaluated("no kernel launch calls in the trace")
-        # One anti-join (on the packed op key) finds the lost launches; the found ones are
-        # the rest (by row number), not a second join. The GPU side needs no `unique()`:
-        # duplicates do not change an anti-join.
-        launches = launches.with_row_index("_row")
-        lost = join_on_op(launches.lazy(), ops.lazy().select(OP_KEY), [api, ops],
-                          how="anti").collect()
-        found = launches.filter(~pl.col("_row").is_in(lost["_row"].implode()))["start_ns"]
+    # Every op's call is known (`op_link`): a launch is found when some op points at it, an
+    # array lookup instead of an anti-join of the two largest frames.
+    # (eager, in this order: measured faster than the lazy plan, which tests the name of
+    # every call)
+    launches = (api.select("name", "start_ns", "end_ns")
+                .with_columns(op_link.launched(ctx.trace, rows))
+                .filter(api.select(is_launch).to_series()).filter(~_GRAPH_NAME))
+    if launches.is_empty():
+        raise NotEvaluated("no kernel launch calls in the trace")
+    lost = launches.filter(~pl.col("_launched"))
+    found = launches.select(pl.col("start_ns").filter(pl.col("_launched"))).to_series()
     if lost.is_empty():
         return []
     # launches after the last launch that has its GPU record: work in flight at the stop

@@ -18,18 +18,11 @@ import polars as pl
 
 from nsysan.frames.intervals import merge_sorted
 from nsysan.frames.trace import Trace
-from nsysan.passes import device_blocks, op_link
+from nsysan.passes import device_blocks
 from nsysan.passes.device_blocks import covered_before, gaps_between
 
-__all__ = ["busy_blocks", "covered_before", "exposed_ns", "forget", "gaps_between", "min_at",
+__all__ = ["busy_blocks", "covered_before", "exposed_ns", "gaps_between", "min_at",
            "starts_inside"]
-
-
-def forget(trace: Trace) -> None:
-    """Drop what the passes, rules and pictures of ``trace`` shared (the sorted GPU ops and
-    their unions, the op -> API call links) once its reports are written."""
-    device_blocks.forget(trace)
-    op_link.forget(trace)
 
 
 def busy_blocks(trace: Trace) -> pl.DataFrame:

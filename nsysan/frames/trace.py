@@ -65,9 +65,20 @@ class Trace:
         # (or a frame that depends on it, e.g. sync on cuda_api) ask for it at the same time.
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._queued: set[str] = set()  # frames `prefetch` was asked for (once each)
 
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
+
+    def _share_frames(self, view: Trace) -> None:
+        """Make ``view`` read (and build) the very frames of this trace: an
+        `nsysan.frames.context.AnalysisContext` is such a view."""
+        view.meta = self.meta
+        view._loader = self._loader
+        view._frames = self._frames
+        view._locks = self._locks
+        view._locks_guard = self._locks_guard
+        view._queued = self._queued
 
     @property
     def trace_id(self) -> str:
@@ -95,8 +106,11 @@ class Trace:
         built by the caller; a failed build is simply built again (and raises) when asked for.
         The threads are daemons: an interrupted analysis exits without waiting for them.
         """
-        todo = deque(n for n in dict.fromkeys(names)
-                     if n in schemas.CANONICAL and n not in self._frames)
+        with self._locks_guard:  # a frame is queued once, however often prefetch is called
+            todo = deque(n for n in dict.fromkeys(names)
+                         if n in schemas.CANONICAL and n not in self._frames
+                         and n not in self._queued)
+            self._queued.update(todo)
 
         def work() -> None:
             while todo:

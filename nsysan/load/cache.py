@@ -58,7 +58,7 @@ def enabled(source_path: Path, source_format: str, frame_cache: bool | None) -> 
 
 def content_key(path: Path) -> str:
     """Version + size + mtime + sampled content of ``path`` (see the module docstring)."""
-    from nsysan import __version__
+    from nsysan._version import __version__
 
     st = path.stat()
     h = hashlib.blake2b(digest_size=12)

@@ -1,13 +1,15 @@
-"""What kind of file an input is: profiles are regular files or directories, nothing else."""
+"""What kind of file an input is: profiles are regular files or directories, nothing else;
+and which profiles of a job directory to read (`job_files`)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 
-from nsysan.errors import TraceFormatError
+from nsysan.errors import ConfigError, TraceFormatError
 
 _FILE_KINDS = (
     (stat.S_ISFIFO, "a named pipe (FIFO)"),
@@ -39,3 +41,39 @@ def check_openable(path: str | Path) -> None:
     kind = next((what for test, what in _FILE_KINDS if test(st.st_mode)), "not a regular file")
     raise TraceFormatError(f"{path} is {kind}, not a profile: pass a .nsys-rep, .qdrep, .sqlite "
                            "file or a parquetdir export (copy the data to a file first)")
+
+
+# Profiles of one job in a directory (`nsysan analyze --job DIR`).
+_EXPORT_RE = re.compile(r"(?i)(\.nsys\d{4}(?:\.\d+)*)?\.(sqlite|parquetdir)$")
+_REPORT_RE = re.compile(r"(?i)\.(nsys-rep|qdrep)$")
+_PREFERENCE = {"sqlite": 0, "parquetdir": 1, "nsys-rep": 2, "qdrep": 2}
+
+
+def job_files(directory: Path) -> list[Path]:
+    """One profile per report in a job directory: a report and its exports count once
+    (preferring a ``.sqlite`` export, then a parquetdir, then the report itself)."""
+    from nsysan.load.parquetdir import is_parquetdir
+
+    best: dict[str, tuple[int, str, Path]] = {}
+    for p in sorted(directory.iterdir()):
+        if p.name.startswith("."):
+            continue
+        low = p.name.lower()
+        if p.is_dir():
+            if not is_parquetdir(p):
+                continue
+            kind = "parquetdir"
+        elif low.endswith(".sqlite"):
+            kind = "sqlite"
+        elif low.endswith((".nsys-rep", ".qdrep")):
+            kind = low.rsplit(".", 1)[1]
+        else:
+            continue
+        base = _REPORT_RE.sub("", _EXPORT_RE.sub("", p.name))
+        cand = (_PREFERENCE[kind], p.name, p)
+        if base not in best or cand < best[base]:
+            best[base] = cand
+    if not best:
+        raise ConfigError(f"{directory}: no reports (.nsys-rep, .qdrep, .sqlite, parquetdir) "
+                          "found for --job")
+    return [best[b][2] for b in sorted(best)]

@@ -17,7 +17,6 @@ several rank processes, or already opened traces, and returns a `JobResult`:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.load.files import check_openable
+from nsysan.load.files import job_files as job_files  # re-exported: it lived here
 from nsysan.multirank import align
 from nsysan.multirank.ranks import (
     MPI_OR_NCCL_API_RE,
@@ -41,6 +41,7 @@ from nsysan.multirank.ranks import (
 from nsysan.multirank.stragglers import find_stragglers, rank_intervals
 from nsysan.passes import nccl as nccl_pass
 from nsysan.passes.base import Finding
+from nsysan.passes.schedule import analysis_context
 
 DATA_PATTERN = r"(?i)(data|loader|loading|fetch|prefetch|reader|dali|collate|next_batch|get_batch)"
 
@@ -92,43 +93,11 @@ class JobResult:
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
-_EXPORT_RE = re.compile(r"(?i)(\.nsys\d{4}(?:\.\d+)*)?\.(sqlite|parquetdir)$")
-_REPORT_RE = re.compile(r"(?i)\.(nsys-rep|qdrep)$")
-_PREFERENCE = {"sqlite": 0, "parquetdir": 1, "nsys-rep": 2, "qdrep": 2}
 _JOB_FILES = frozenset({"ranks.parquet", "collectives.parquet", "job_findings.md"})
 
 
-def job_files(directory: Path) -> list[Path]:
-    """One profile per report in a job directory: a report and its exports count once
-    (preferring a ``.sqlite`` export, then a parquetdir, then the report itself)."""
-    from nsysan.batch.discover import is_parquetdir
-
-    best: dict[str, tuple[int, str, Path]] = {}
-    for p in sorted(directory.iterdir()):
-        if p.name.startswith("."):
-            continue
-        low = p.name.lower()
-        if p.is_dir():
-            if not is_parquetdir(p):
-                continue
-            kind = "parquetdir"
-        elif low.endswith(".sqlite"):
-            kind = "sqlite"
-        elif low.endswith((".nsys-rep", ".qdrep")):
-            kind = low.rsplit(".", 1)[1]
-        else:
-            continue
-        base = _REPORT_RE.sub("", _EXPORT_RE.sub("", p.name))
-        cand = (_PREFERENCE[kind], p.name, p)
-        if base not in best or cand < best[base]:
-            best[base] = cand
-    if not best:
-        raise ConfigError(f"{directory}: no reports (.nsys-rep, .qdrep, .sqlite, parquetdir) "
-                          "found for --job")
-    return [best[b][2] for b in sorted(best)]
-
-
-def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> list[Trace]:
+def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None,
+          frame_cache: bool | None = None) -> list[Trace]:
     expanded: list[Path | Trace] = []
     for item in items:
         if isinstance(item, Trace):
@@ -136,7 +105,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
             continue
         p = Path(item)
         check_openable(p)  # missing, a pipe, a symlink loop: one line saying which
-        from nsysan.batch.discover import is_parquetdir
+        from nsysan.load.parquetdir import is_parquetdir
 
         if p.is_dir() and not is_parquetdir(p):
             expanded.extend(job_files(p))
@@ -149,7 +118,7 @@ def _open(items: Iterable[str | os.PathLike[str] | Trace], nsys: str | None) -> 
         else:
             from nsysan.load import open_trace
 
-            traces.append(open_trace(item, nsys=nsys))
+            traces.append(open_trace(item, nsys=nsys, frame_cache=frame_cache))
     if not traces:
         raise ConfigError("analyze_job: no profiles given")
     return traces
@@ -177,7 +146,8 @@ def _steps(view: Trace) -> pl.DataFrame:
         from nsysan.passes import steps as steps_pass
     except ImportError:  # steps pass not installed in this build
         return schemas.empty(schemas.STEPS)
-    return steps_pass.run(view, steps_pass.StepsParams(), {}).tables["steps"]
+    with analysis_context(view) as shared:  # the steps' sweeps are shared within the pass
+        return steps_pass.run(shared, steps_pass.StepsParams(), {}).tables["steps"]
 
 
 def _local_metrics(trace: Trace, rows: pl.DataFrame) -> pl.DataFrame:
@@ -262,17 +232,19 @@ def analyze_job(
     params: JobParams | None = None,
     job_id: str | None = None,
     nsys: str | None = None,
+    frame_cache: bool | None = None,
 ) -> JobResult:
     """Analyze the profiles of one job together (see the module doc).
 
     ``paths_or_traces``: report / export paths, a job directory, traces, or a mix. One
     profile holding several rank processes is fine. ``rank_map`` maps a path or trace id
-    (or ``(trace_id, pid)``) to its rank when the profiles cannot tell.
+    (or ``(trace_id, pid)``) to its rank when the profiles cannot tell. ``frame_cache`` is
+    `nsysan.load.open_trace`'s.
     """
     params = params or JobParams()
     if isinstance(paths_or_traces, (str, os.PathLike, Trace)):
         paths_or_traces = [paths_or_traces]
-    traces = _open(paths_or_traces, nsys)
+    traces = _open(paths_or_traces, nsys, frame_cache)
     jid = _job_id(traces, job_id)
     ranks = discover_ranks(traces, rank_map)
     if ranks.is_empty():
@@ -292,10 +264,12 @@ def analyze_job(
         rows = ranks.filter(pl.col("trace_index") == t_index)
         if rows.is_empty():
             continue
-        table = nccl_pass.with_default_ranks(nccl_pass.nccl_ops(trace, nccl_params), n_default)
+        with analysis_context(trace) as shared:  # ops and findings share the unions
+            table = nccl_pass.with_default_ranks(nccl_pass.nccl_ops(shared, nccl_params),
+                                                 n_default)
+            findings += [f for f in nccl_pass.nccl_findings(shared, table, nccl_params)
+                         if f.code == "NCCL_LOW_BANDWIDTH"]
         nccl_tables.append(table)
-        findings += [f for f in nccl_pass.nccl_findings(trace, table, nccl_params)
-                     if f.code == "NCCL_LOW_BANDWIDTH"]
         local.append(_local_metrics(trace, rows).with_columns(pl.lit(t_index).alias(
             "trace_index")))
         events.append(align.mpi_events(trace.frame("nvtx"), rows))

@@ -30,15 +30,12 @@ from typing import Any
 import polars as pl
 
 from nsysan.frames.trace import Trace
+from nsysan.load.environment import RANK_VARS as RANK_VARS  # re-exported: they lived here
+from nsysan.load.environment import WORLD_SIZE_VARS as WORLD_SIZE_VARS
+from nsysan.load.environment import env_of_meta as env_of_meta
+from nsysan.load.environment import env_of_trace, rank_from_env
+from nsysan.load.environment import world_size_from_env as world_size_from_env
 
-RANK_VARS = (
-    "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-    "SLURM_PROCID", "LOCAL_RANK",
-)
-WORLD_SIZE_VARS = (
-    "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS",
-    "SLURM_STEP_NUM_TASKS",
-)
 _THREAD_RANK_RE = r"(?i)^MPI Rank (\d+)$"
 _PAYLOAD_RANK_RE = r'"Rank"\s*:\s*"?(\d+)'
 _COMM_INIT_RE = r"^ncclComm(?:InitRank|InitAll|InitRankConfig|InitRankScalable|Split)"
@@ -50,72 +47,6 @@ _REPORT_SUFFIX_RE = re.compile(
     r"(?i)(\.nsys\d{4}(?:\.\d+)*)?\.(sqlite|nsys-rep|qdrep|parquetdir|arrowdir)$"
 )
 MPI_OR_NCCL_API_RE = r"^(MPI_|nccl)"
-
-
-def env_of_meta(meta: pl.DataFrame) -> dict[str, str]:
-    """Environment variables recorded in a trace's ``meta`` frame (first value wins).
-
-    Understands the forms an export can carry: ``PROCESS_n:ENVIRONMENT_VARIABLE`` rows
-    (``NAME="value"``, nsys 2023.4+), a NUL-separated ``DeviceEnvironment`` block
-    (``TARGET_INFO_SYSTEM_ENV``), and keys that name the variable (``env:NAME``).
-    """
-    env: dict[str, str] = {}
-    if meta.is_empty():
-        return env
-    # Small frame (capture settings): a Python pass over its rows is fine.
-    rows = meta.select("key", "value").filter(pl.col("value").is_not_null()).rows()
-    ordered = sorted(rows, key=lambda kv: "DeviceEnvironment" in kv[0])  # process env first
-    for key, value in ordered:
-        if key.endswith("ENVIRONMENT_VARIABLE") or "DeviceEnvironment" in key:
-            # NUL-separated in older exports, ";"-separated in newer ones.
-            items = (value.split("\x00") if "\x00" in value
-                     else re.split(r";(?=[A-Za-z_][A-Za-z0-9_]*=)", value))
-            for item in items:
-                name, sep, val = item.partition("=")
-                if sep and name and name not in env:
-                    env[name.strip()] = val.strip().strip('"')
-            continue
-        m = re.match(r"(?i)^(?:.*[:.])?env(?:ironment)?[:.]([A-Za-z_][A-Za-z0-9_]*)$", key)
-        if m and m.group(1) not in env:
-            env[m.group(1)] = value.strip().strip('"')
-    return env
-
-
-def env_of_trace(trace: Trace) -> dict[str, str]:
-    """The launch environment of a profile: the capture's ``PROCESS_n:ENVIRONMENT_VARIABLE``
-    entries (kept in ``TraceMeta.capture``), then whatever the ``meta`` frame holds."""
-    capture = pl.DataFrame(
-        [(k, v) for k, values in trace.meta.capture.items() if "ENVIRONMENT_VARIABLE" in k
-         for v in values],
-        schema={"key": pl.String, "value": pl.String}, orient="row",
-    )
-    env = env_of_meta(capture)
-    for k, v in env_of_meta(trace.frame("meta")).items():
-        env.setdefault(k, v)
-    return env
-
-
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    value = value.strip()
-    return int(value) if value.isdigit() else None
-
-
-def rank_from_env(env: Mapping[str, str]) -> tuple[int, str] | None:
-    for var in RANK_VARS:
-        r = _int(env.get(var))
-        if r is not None:
-            return r, f"env:{var}"
-    return None
-
-
-def world_size_from_env(env: Mapping[str, str]) -> int | None:
-    for var in WORLD_SIZE_VARS:
-        n = _int(env.get(var))
-        if n:
-            return n
-    return None
 
 
 def hostname_of(trace: Trace, env: Mapping[str, str]) -> str | None:

@@ -49,7 +49,6 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import attribution_sums as sums
 from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.op_keys import KEY, op_key
 
 RANGE_STYLES = ("push_pop", "start_end")
 _OP_KEY = ["global_pid", "correlation_id"]
@@ -140,11 +139,11 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     )
 
 
-def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, bool]:
-    """The API calls that launched GPU ops (``launch_id`` = API row, ``global_tid``, bounds),
-    the op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds) and whether
-    every op has one launch at most (then the op table is in ``op_id`` order). ``ops`` are the
-    rows of ``gpu_ops`` with ``op_id`` = row number."""
+def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The API calls that launched GPU ops (``launch_id`` = API row, ``global_tid``, bounds)
+    and the op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds; one launch
+    per op at most, in ``op_id`` order). ``ops`` are the rows of ``gpu_ops`` with ``op_id`` =
+    row number."""
     cuda_api = trace.cuda_api
     api = (
         cuda_api.select("global_tid", "start_ns", "end_ns")
@@ -153,46 +152,26 @@ def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     )
     cols = ["launch_id", "global_tid", "start_ns", "end_ns"]
     rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
-    if rows is not None:  # distinct API keys: every op's call is a row number, no hash joins
-        found = rows >= 0
-        op_launch = ops.filter(pl.Series(found)).select(
-            "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
-        )
-        return api.filter(op_link.launched(trace, rows)).select(cols), op_launch, True
-    # Some key is held by several API rows: join on ``_OP_KEY`` packed into one column.
-    key = op_key([cuda_api, ops])
-    api = api.with_columns(cuda_api.select(key))
-    op_k = ops.select("op_id", key, "device_id", "start_ns", "end_ns")
-    launches = api.join(op_k.select(KEY), on=KEY, how="semi")
-    op_launch = op_k.join(launches.select("launch_id", KEY), on=KEY, how="inner").select(
-        "op_id", "launch_id", "device_id", "start_ns", "end_ns"
+    found = rows >= 0  # every op's call is a row number: no hash joins
+    op_launch = ops.filter(pl.Series(found)).select(
+        "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
     )
-    return launches.select(cols), op_launch, False
+    return api.filter(op_link.launched(trace, rows)).select(cols), op_launch
 
 
-def _owned(op_launch: pl.DataFrame, inner: pl.DataFrame, n_launches: int,
-           one_launch: bool) -> pl.DataFrame:
+def _owned(op_launch: pl.DataFrame, inner: pl.DataFrame, n_launches: int) -> pl.DataFrame:
     """``op_id, rix, device_id, start_ns, end_ns``: every op with the innermost range of its
     launch (``inner``: ``launch_id, rix``), in ``op_id`` order."""
-    if one_launch:
-        # Launch ids are API rows: the innermost range is an array lookup, and ops keep
-        # their op_id order (one launch each, so nothing to sort or de-duplicate).
-        rix_of = np.full(max(n_launches, 1), -1, np.int64)
-        rix_of[inner["launch_id"].to_numpy()] = inner["rix"].to_numpy()
-        rix = pl.Series("rix", rix_of[op_launch["launch_id"].to_numpy()])
-        return (
-            op_launch.with_columns(rix)
-            .filter(pl.col("rix") >= 0)
-            .select("op_id", pl.col("rix").cast(inner.schema["rix"]),
-                    "device_id", "start_ns", "end_ns")
-        )
+    # Launch ids are API rows: the innermost range is an array lookup, and ops keep their
+    # op_id order (one launch each, so nothing to sort or de-duplicate).
+    rix_of = np.full(max(n_launches, 1), -1, np.int64)
+    rix_of[inner["launch_id"].to_numpy()] = inner["rix"].to_numpy()
+    rix = pl.Series("rix", rix_of[op_launch["launch_id"].to_numpy()])
     return (
-        op_launch.lazy()
-        .join(inner.lazy(), on="launch_id")
-        .sort(["op_id", "rix"])
-        .unique("op_id", keep="first")  # an op with two identical API rows is owned once
-        .select("op_id", "rix", "device_id", "start_ns", "end_ns")
-        .collect()
+        op_launch.with_columns(rix)
+        .filter(pl.col("rix") >= 0)
+        .select("op_id", pl.col("rix").cast(inner.schema["rix"]),
+                "device_id", "start_ns", "end_ns")
     )
 
 
@@ -327,7 +306,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").fill_null(-1), "start_ns", "end_ns"])
         .with_row_index("op_id")
     )
-    launches, op_launch, one_launch = _launches(trace, ops)
+    launches, op_launch = _launches(trace, ops)
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     pairs = cn.enclosing(
         launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
@@ -337,7 +316,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
     # (launch_id and rix are unique across threads: no ``by`` needed.)
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
-    owned = _owned(op_launch, inner.collect(), trace.cuda_api.height, one_launch)
+    owned = _owned(op_launch, inner.collect(), trace.cuda_api.height)
     owned_union = iv.total(owned, by=["device_id"]).collect()
     shares = (
         cn.equal_shares(owned, by=["device_id"])
@@ -446,4 +425,5 @@ SPEC = PassSpec(
     params=AttributionParams,
     tables={"attribution": schemas.ATTRIBUTION, "layers": schemas.LAYERS},
     run=run,
+    default=True,
 )

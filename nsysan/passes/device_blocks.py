@@ -6,9 +6,9 @@ union per device of some of the GPU ops: all of them, the compute kernels, one o
 union used to sort its ops again (a sort of a million rows each). Here the ops are sorted once
 by one packed ``(device, start)`` key (`nsysan.frames.packed_keys.Keys`); a subset of a sorted
 stream is still sorted, so every union is then a boolean mask and a running maximum (numpy),
-no sort. The stream and the unions asked for are memoised per `Trace` (weakly, so a dropped
-trace frees them) and per ``gpu_ops`` frame object (a frame replaced after the fact is never
-served a stale union); `forget` drops them once the reports are written.
+no sort. The stream (with the unions asked for) is the product `SORTED_OPS` of the analysis
+(`nsysan.frames.context`): built once per ``gpu_ops`` frame object (a frame replaced after the
+fact is never served a stale union) and freed when the analysis ends, after the reports.
 
 The unions are exactly `intervals.union(ops, by=["device_id"])` of the selected ops: blocks
 ``device_id, start_ns, end_ns`` sorted by device (nulls first) then start, merged when they
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from nsysan.frames.context import Product, product
 from nsysan.frames.intervals import merge_sorted
 from nsysan.frames.packed_keys import GROUP, Keys
 from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
 from nsysan.frames.trace import Trace
-from nsysan.passes.trace_memo import TraceMemo
 
 #: op_class values with a code of their own; any other value (or null) gets code len(...)
 OP_CLASSES = tuple(OVERLAP_CLASS_OF_OP_CLASS)
@@ -50,18 +50,8 @@ class _Stream:
     lock: threading.Lock = field(default_factory=threading.Lock)  # (passes run in threads)
 
 
-#: trace -> the stream of its gpu_ops frame
-_MEMO: TraceMemo[_Stream] = TraceMemo()
-
-
-def forget(trace: Trace) -> None:
-    """Drop the sorted stream and the unions of ``trace`` (about 25 bytes per GPU op)."""
-    _MEMO.forget(trace)
-
-
 def _stream(trace: Trace) -> _Stream:
-    ops = trace.frame("gpu_ops")
-    return _MEMO.get(trace, [ops], lambda: _sorted(ops))
+    return product(trace, SORTED_OPS)
 
 
 def _sorted(ops: pl.DataFrame) -> _Stream:
@@ -82,6 +72,12 @@ def _sorted(ops: pl.DataFrame) -> _Stream:
     code, timed = s["_c"].to_numpy(), s["t"].to_numpy()
     return _Stream(keys, s["s"].to_numpy(), s["e"].to_numpy(), code, timed,
                    frozenset(np.unique(code[~timed]).tolist()))
+
+
+#: the GPU ops sorted by (device, start) and the unions made of them (~25 bytes per op)
+SORTED_OPS: Product[_Stream] = Product(
+    "device_blocks.sorted_ops", ("gpu_ops",), lambda trace: _sorted(trace.frame("gpu_ops")),
+    "the GPU ops of positive length sorted by packed (device, start), with their unions")
 
 
 def _codes(op_classes: Collection[str | None] | None) -> frozenset[int]:

@@ -17,7 +17,7 @@ from nsysan.frames import intervals as iv
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 from nsysan.passes.distinct import distinct
-from nsysan.passes.op_keys import OP_KEY, join_on_op
+from nsysan.passes.op_keys import OP_KEY
 from nsysan.passes.steps import STEP_NAME_PATTERN
 
 SCOPE_KEYS = {
@@ -55,33 +55,21 @@ def launch_calls(trace: Trace) -> pl.DataFrame:
     particular order.
 
     Both the launching threads of each gap (`owners`) and the "did this NVTX range launch
-    work" test need this join of the two largest frames: it is done once, here, and when every
-    op's call is known (`op_link`) it is a gather, not a join. The ops are taken from the
-    trace, not from the caller: the gather's API rows are aligned with the whole ``gpu_ops``
-    frame, so both paths select the same ops themselves.
+    work" test need this link of the two largest frames: every op's call is known once
+    (`op_link.api_rows`, aligned with the whole ``gpu_ops`` frame), so it is a gather.
     """
     api, gpu_ops = trace.frame("cuda_api"), trace.frame("gpu_ops")
     timed = pl.col("start_ns") > 0
     rows = op_link.api_rows(trace)
-    if rows is not None:
-        linked = (
-            gpu_ops.select(*KEY_COLS, "start_ns")
-            .with_columns(pl.Series("_row", rows))
-            .filter(timed & (pl.col("_row") >= 0))
-        )
-        return linked.select(
-            *KEY_COLS,
-            api["global_tid"].gather(linked["_row"]),
-            api["start_ns"].gather(linked["_row"]),
-        )
-    return (
-        join_on_op(
-            api.lazy().select(*OP_KEY, "global_tid", "start_ns"),
-            gpu_ops.lazy().filter(timed).select(*OP_KEY, *KEY_COLS),
-            [api, gpu_ops],
-        )
-        .select(*KEY_COLS, "global_tid", "start_ns")
-        .collect()
+    linked = (
+        gpu_ops.select(*KEY_COLS, "start_ns")
+        .with_columns(pl.Series("_row", rows))
+        .filter(timed & (pl.col("_row") >= 0))
+    )
+    return linked.select(
+        *KEY_COLS,
+        api["global_tid"].gather(linked["_row"]),
+        api["start_ns"].gather(linked["_row"]),
     )
 
 

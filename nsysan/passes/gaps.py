@@ -59,8 +59,7 @@ from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
-from nsysan.passes import device_blocks
-from nsysan.passes import gap_causes as gc
+from nsysan.passes import device_blocks, gap_causes
 from nsysan.passes.base import PassResult, PassSpec, Results
 
 # CATEGORIES and STEP_NAME_PATTERN are re-exported: they are part of this pass's vocabulary.
@@ -269,11 +268,12 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
             .select(pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we"))
             .collect()
         )
-        calls = gc.launch_calls(trace)
-        proc, thread = gc.evidence(trace, ops, calls, windows, params.nvtx_exclude_domains)
-        owners_pid, owners_tid = gc.owners(ops, calls, gaps.lazy(), params.scopes)
-        clipped = gc.explain(gaps.lazy(), owners_pid, owners_tid, proc, thread).collect().lazy()
-        explained = gc.causes(gaps.lazy(), clipped, params.min_cause_frac)
+        calls = gap_causes.launch_calls(trace)
+        proc, thread = gap_causes.evidence(trace, ops, calls, windows, params.nvtx_exclude_domains)
+        owners_pid, owners_tid = gap_causes.owners(ops, calls, gaps.lazy(), params.scopes)
+        clipped = (gap_causes.explain(gaps.lazy(), owners_pid, owners_tid, proc, thread)
+                   .collect().lazy())
+        explained = gap_causes.causes(gaps.lazy(), clipped, params.min_cause_frac)
         table = (
             _assign_steps(explained, steps)
             .sort("gap_id")
@@ -318,5 +318,6 @@ SPEC = PassSpec(
     params=GapsParams,
     tables={"gaps": schemas.GAPS, "gap_summary": schemas.GAP_SUMMARY},
     run=run,
+    default=True,
     after=("steps",),
 )

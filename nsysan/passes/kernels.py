@@ -35,7 +35,6 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 from nsysan.passes import tensor_core as tc
 from nsysan.passes.base import PassResult, PassSpec, Results
-from nsysan.passes.op_keys import KEY, op_key
 
 
 @dataclass(frozen=True)
@@ -54,13 +53,7 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     name = pl.col("demangled_name")
     if ops.get_column("demangled_name").null_count():
         name = pl.coalesce("demangled_name", "name").alias("demangled_name")
-    rows = op_link.api_rows(trace)
-    launched = _launch_stats(ops, trace.cuda_api, rows, name) if rows is not None else None
-    if launched is None:
-        launched = _launched_polars(trace, name).with_columns(
-            (pl.col("_api_end") - pl.col("_api_start")).alias("_api_dur"),
-            (pl.col("start_ns") - pl.col("_api_start")).alias("_queue"),
-        )
+    launched = _launch_stats(ops, trace.cuda_api, op_link.api_rows(trace), name)
     summary = _summary(launched, params.tiny_kernel_ns).lazy()
     table = (
         tc.classify(summary)
@@ -80,42 +73,28 @@ def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
 _MODES = ("short_name", "op_class")
 
 
-def _launched_polars(trace: Trace, name: pl.Expr) -> pl.DataFrame:
-    """The kernel rows with their op bounds and their calls' bounds (``_api_start,
-    _api_end``, null when unknown), in op order: `_launch_stats` in polars, for null call
-    bounds or several calls holding one op key."""
-    ops = trace.gpu_ops
-    cols = [
-        "start_ns", "op_class", pl.col("name").alias("short_name"), name,
-        (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"),
-    ]
-    is_kernel = pl.col("kind") == "kernel"
-    key = op_key([ops, trace.cuda_api])
-    api_lf = trace.cuda_api.lazy().select(
-        key, pl.col("start_ns").alias("_api_start"), pl.col("end_ns").alias("_api_end")
-    )
-    return _launched_by(ops.lazy().filter(is_kernel).select(key, *cols).collect(),
-                        api_lf).collect()
-
-
 def _launch_stats(ops: pl.DataFrame, api: pl.DataFrame, rows: np.ndarray,
-                  name: pl.Expr) -> pl.DataFrame | None:
+                  name: pl.Expr) -> pl.DataFrame:
     """The kernel rows of ``ops`` as `_summary` reads them (``demangled_name, short_name,
     op_class, _dur, _api_dur, _queue``, in op order), their launching calls at ``rows``
-    (`op_link.api_rows`); None when some call's start or end is null (the polars path).
+    (`op_link.api_rows`); the call statistics are null for a kernel whose call, or whose
+    call's start or end, is unknown.
 
     The call's duration and the queueing time are numpy gathers of the call bounds: two
     polars gathers through a null-masked index and two subtractions per kernel cost several
-    times more on a million kernels."""
+    times more on a million kernels. Only when some call's bound is null (never in a loaded
+    trace: docs/data-quality.md) do polars gathers carry the nulls."""
     a_start, a_end = api["start_ns"], api["end_ns"]
-    if a_start.null_count() or a_end.null_count():
-        return None
     is_kernel = (ops["kind"] == "kernel").fill_null(False)
     kernels = ops.select(
         name, pl.col("name").alias("short_name"), "op_class",
         (pl.col("end_ns") - pl.col("start_ns")).alias("_dur"), "start_ns",
     ).filter(is_kernel)  # (the columns read first: a filter copies every column it keeps)
     row = rows[is_kernel.to_numpy()]
+    if a_start.null_count() or a_end.null_count():
+        s_, e_ = op_link.gather(a_start, row), op_link.gather(a_end, row)
+        return kernels.drop("start_ns").with_columns(
+            (e_ - s_).alias("_api_dur"), (kernels["start_ns"] - s_).alias("_queue"))
     linked = row >= 0
     at = np.where(linked, row, 0) if api.height else np.zeros(row.size, np.int64)
     s = a_start.to_numpy()[at] if api.height else at
@@ -167,23 +146,6 @@ def _mode(cat: pl.DataFrame, col: str) -> pl.DataFrame:
             .group_by("demangled_name").agg(pl.col(col).min()))
 
 
-def _launched_by(kernels: pl.DataFrame, api: pl.LazyFrame) -> pl.LazyFrame:
-    """``kernels`` left-joined on `KEY` to the first API row of each key.
-
-    Several API rows with one key are rare (identical rows: they must not duplicate kernels),
-    and making the API frame unique costs as much as the join itself. So the join runs first,
-    and only when some kernel matched several rows is each kernel's first match kept.
-    """
-    joined = (
-        kernels.lazy().with_row_index("_row")
-        .join(api.with_row_index("_api_row"), on=KEY, how="left", maintain_order="left")
-        .collect()
-    )
-    if joined.height > kernels.height:
-        joined = joined.sort("_row", "_api_row").unique("_row", keep="first", maintain_order=True)
-    return joined.lazy().drop("_row", "_api_row")
-
-
 def _frac(part: int | float, whole: int | float) -> float | None:
     return part / whole if whole else None
 
@@ -228,4 +190,5 @@ SPEC = PassSpec(
     params=KernelsParams,
     tables={"kernels": schemas.KERNELS},
     run=run,
+    default=True,
 )

@@ -121,7 +121,7 @@ def _bucket_exprs(edges: tuple[int, ...]) -> tuple[pl.Expr, pl.Expr]:
 
 
 def _world_size(trace: Trace) -> int | None:
-    from nsysan.multirank.ranks import env_of_trace, world_size_from_env
+    from nsysan.load.environment import env_of_trace, world_size_from_env
 
     return world_size_from_env(env_of_trace(trace))
 
@@ -246,36 +246,16 @@ def _launches(trace: Trace, kern: pl.DataFrame) -> pl.LazyFrame:
     """One row per launch (``global_pid, correlation_id``) of the ``kern`` rows, with its API
     call: ``global_tid, api_name, api_start_ns, api_end_ns``."""
     api = trace.frame("cuda_api")
-    if "_api_row" in kern.columns:  # every op's call is known (`op_link`): a gather
-        k = kern.filter(pl.col("_api_row") >= 0).unique(
-            ["global_pid", "correlation_id"], keep="first", maintain_order=True)
-        return k.select(
-            "global_pid", "correlation_id",
-            *(op_link.gather(api[col], k["_api_row"]).alias(alias) for col, alias in (
-                ("global_tid", "global_tid"), ("name", "api_name"),
-                ("start_ns", "api_start_ns"), ("end_ns", "api_end_ns"))),
-        ).lazy()
-    # The calls of the few NCCL launches, found by correlation id before the join: a join
-    # with every API call would hash them all.
-    calls = api.lazy().filter(
-        pl.col("correlation_id").is_in(kern["correlation_id"].unique().implode())
-    )
-    return (
-        kern.lazy()
-        .select("global_pid", "correlation_id")
-        .unique()
-        .join(
-            calls.select(
-                "global_pid", "correlation_id", "global_tid",
-                pl.col("name").alias("api_name"), pl.col("start_ns").alias("api_start_ns"),
-                pl.col("end_ns").alias("api_end_ns"),
-            ),
-            on=["global_pid", "correlation_id"], how="inner",
-        )
-        .sort("global_pid", "correlation_id", "api_start_ns", "api_end_ns", "global_tid",
-              "api_name", nulls_last=True)  # one key, several calls: the earliest launched
-        .unique(["global_pid", "correlation_id"], keep="first", maintain_order=True)
-    )
+    # every op's call is known (`op_link.api_rows`): a gather
+    k = kern.filter(pl.col("_api_row") >= 0).unique(
+        ["global_pid", "correlation_id"], keep="first", maintain_order=True)
+    return k.select(
+        "global_pid", "correlation_id",
+        *(op_link.gather(api[col], k["_api_row"]).alias(alias) for col, alias in (
+            ("global_tid", "global_tid"), ("name", "api_name"),
+            ("start_ns", "api_start_ns"), ("end_ns", "api_end_ns"))),
+    ).lazy()
+
 
 
 def _nccl_table(
@@ -287,9 +267,7 @@ def _nccl_table(
         "pid", "global_pid", "device_id", "stream_id", "correlation_id", "start_ns", "end_ns",
         pl.col("name").alias("kernel_name"), "op_class",
     )
-    rows = op_link.api_rows(trace)
-    if rows is not None:
-        gpu = gpu.with_columns(pl.Series("_api_row", rows))
+    gpu = gpu.with_columns(pl.Series("_api_row", op_link.api_rows(trace)))
     kern = gpu.filter(
         (pl.col("start_ns") > 0) & (pl.col("op_class") == "nccl")
         & (pl.col("end_ns") >= pl.col("start_ns"))
@@ -300,7 +278,7 @@ def _nccl_table(
         {"name": "kernel_name", "op": "kernel_op"}
     )
     launches = _launches(trace, kern)
-    kern = kern.drop("_api_row", strict=False)
+    kern = kern.drop("_api_row")
     issued = _issued_by(trace, launches)
     covered, union_exposed = _exposure(trace, kern)
     n_ranks = _n_ranks(trace, params, kern)
@@ -496,5 +474,6 @@ SPEC = PassSpec(
     params=NcclParams,
     tables={"nccl": schemas.NCCL, "nccl_summary": schemas.NCCL_SUMMARY},
     run=run,
+    default=True,
     after=("steps",),
 )

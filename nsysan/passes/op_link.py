@@ -3,12 +3,15 @@
 The gaps pass (launching threads), the kernels pass (launch statistics) and the findings (late
 launches, launches without a GPU record) all tie GPU ops to their API calls on the op key
 ``(global_pid, correlation_id)``. Each used to hash-join the two largest frames (a million rows
-each on big traces). When the API keys are distinct (they are in nsys exports), one sort and a
-binary search per op (`op_keys.unique_rows`) give every op its call's row, and each consumer
-then gathers the columns it needs; callers fall back to their joins otherwise.
+each on big traces). `api_rows` gives every op its call's row once, and each consumer then
+gathers the columns it needs: one code path per consumer. The API keys are distinct in loaded
+traces (the ``duplicate_correlation`` rule keeps one call per key, docs/data-quality.md), so
+one sort and a binary search per op (`op_keys.unique_rows`) find the rows; only frames built in
+memory with a key held twice, or keys too wide to pack, take a join, which links each op to
+the first call holding its key.
 
-Memoised per `Trace` (weakly) and per (``gpu_ops``, ``cuda_api``) frame objects, so a frame
-replaced after the fact is never served stale rows; `forget` drops the link.
+Shared as the product `API_ROWS` of the analysis (`nsysan.frames.context`): built once per
+analysis, for its (``gpu_ops``, ``cuda_api``) frame objects, freed when the analysis ends.
 """
 
 from __future__ import annotations
@@ -16,33 +19,37 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nsysan.frames.context import Product, product
 from nsysan.frames.trace import Trace
 from nsysan.passes.op_keys import KEY, op_key, unique_rows
-from nsysan.passes.trace_memo import TraceMemo
-
-#: trace -> the API row of every op (or None), for its (gpu_ops, cuda_api) frames
-_MEMO: TraceMemo[np.ndarray | None] = TraceMemo()
 
 
-def forget(trace: Trace) -> None:
-    """Drop the link of ``trace`` (8 bytes per GPU op)."""
-    _MEMO.forget(trace)
-
-
-def api_rows(trace: Trace) -> np.ndarray | None:
-    """For every row of ``gpu_ops``, the row of ``cuda_api`` with the same op key (-1 when
-    none, or when either key column is null), as Int64; None when some key is held by
-    several API rows (then a join says what the callers mean) or a frame is missing."""
-    if not (trace.has("gpu_ops") and trace.has("cuda_api")):
-        return None
+def _link(trace: Trace) -> np.ndarray:
     ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
+    key = op_key([ops, api])
+    row = unique_rows(api.select(key)[KEY], ops.select(key)[KEY])
+    if row is not None:
+        return row.to_numpy()
+    # a key held by several calls (frames built in memory) or struct keys: the first call of
+    # each key, by a join (left: one row per op, in op order)
+    calls = (api.select(key).with_row_index("_api").filter(pl.col(KEY).is_not_null())
+             .unique(KEY, keep="first", maintain_order=True))
+    linked = (ops.select(key).with_row_index("_op")
+              .join(calls, on=KEY, how="left").sort("_op"))
+    return linked["_api"].cast(pl.Int64).fill_null(-1).to_numpy()
 
-    def build() -> np.ndarray | None:
-        key = op_key([ops, api])
-        row = unique_rows(api.select(key)[KEY], ops.select(key)[KEY])
-        return None if row is None else row.to_numpy()
 
-    return _MEMO.get(trace, [ops, api], build)
+#: the API row of every GPU op (8 bytes per op)
+API_ROWS: Product[np.ndarray] = Product(
+    "op_link.api_rows", ("gpu_ops", "cuda_api"), _link,
+    "for every gpu_ops row, the cuda_api row with its op key")
+
+
+def api_rows(trace: Trace) -> np.ndarray:
+    """For every row of ``gpu_ops``, the row of ``cuda_api`` with the same op key (-1 when
+    none, or when either key column is null; the first such row when several hold the key),
+    as Int64: always aligned with ``gpu_ops`` (all -1 when no API calls were captured)."""
+    return product(trace, API_ROWS)
 
 
 def gather(col: pl.Series, rows: pl.Series | np.ndarray) -> pl.Series:

@@ -196,5 +196,6 @@ SPEC = PassSpec(
     params=OverlapParams,
     tables={"overlap": schemas.OVERLAP, "overlap_summary": schemas.OVERLAP_SUMMARY},
     run=run,
+    default=True,
     after=("steps",),
 )

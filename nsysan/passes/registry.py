@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import pkgutil
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -13,39 +14,66 @@ from typing import Any
 from nsysan.errors import ConfigError
 from nsysan.passes.base import PassSpec
 
-#: Modules whose ``SPEC`` is a pass. Order is only a tie-break: dependencies decide first.
-PASS_MODULES = (
-    "steps",
-    "gaps",
-    "overlap",
-    "attribution",
-    "kernels",
-    "nccl",
-)
+#: Packages searched for passes: every module of theirs that defines a ``SPEC`` is a pass.
+PASS_PACKAGES = ("nsysan.passes",)
+#: Tie-break of the run order among passes whose dependencies allow either order (the order
+#: of the first passes, kept so their outputs and timings list in the order they always did);
+#: other passes follow, by module name.
+TIE_BREAK = ("steps", "gaps", "overlap", "attribution", "kernels", "nccl")
 
-#: Passes run by ``nsysan analyze`` when ``--passes`` is not given.
-DEFAULT_PASSES = ("steps", "gaps", "overlap", "attribution", "kernels", "nccl")
+
+def _pass_modules() -> list[Any]:
+    """The modules of `PASS_PACKAGES` that define a ``SPEC``, in `TIE_BREAK` order, then by
+    name. A module that a build left out is skipped; any other import error is raised."""
+    found: dict[str, Any] = {}
+    for package in PASS_PACKAGES:
+        pkg = importlib.import_module(package)
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+            if info.ispkg or info.name.startswith("_"):
+                continue
+            full = f"{package}.{info.name}"
+            try:
+                mod = importlib.import_module(full)
+            except ModuleNotFoundError as exc:
+                if exc.name == full:
+                    continue
+                raise
+            if isinstance(getattr(mod, "SPEC", None), PassSpec):
+                found.setdefault(info.name, mod)
+    rank = {n: i for i, n in enumerate(TIE_BREAK)}
+    return [found[n] for n in sorted(found, key=lambda n: (rank.get(n, len(rank)), n))]
 
 
 def registry() -> dict[str, PassSpec]:
-    """All registered passes by name (modules that are not installed are skipped)."""
+    """All registered passes by name, in tie-break order (see `_pass_modules`)."""
     specs: dict[str, PassSpec] = {}
-    for mod_name in PASS_MODULES:
-        try:
-            mod = importlib.import_module(f"nsysan.passes.{mod_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"nsysan.passes.{mod_name}":
-                continue
-            raise
+    for mod in _pass_modules():
         spec: PassSpec = mod.SPEC
+        if spec.name in specs:
+            raise ConfigError(f"two passes are named {spec.name!r} "
+                              f"({specs[spec.name].run.__module__}, {mod.__name__})")
         specs[spec.name] = spec
     return specs
+
+
+def default_passes() -> tuple[str, ...]:
+    """Passes run by ``nsysan analyze`` when ``--passes`` is not given: those whose SPEC says
+    ``default=True``."""
+    return tuple(name for name, spec in registry().items() if spec.default)
+
+
+def __getattr__(name: str) -> Any:
+    # DEFAULT_PASSES was a constant tuple: still readable, now found from the SPECs
+    if name == "DEFAULT_PASSES":
+        return default_passes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve(selected: Iterable[str] | None) -> list[PassSpec]:
     """The passes to run, with every required pass added, in dependency order."""
     specs = registry()
-    wanted = list(selected) if selected else [p for p in DEFAULT_PASSES if p in specs]
+    wanted = (list(selected) if selected
+              else [name for name, spec in specs.items() if spec.default])
     unknown = [p for p in wanted if p not in specs]
     if unknown:
         raise ConfigError(
@@ -76,16 +104,13 @@ def resolve(selected: Iterable[str] | None) -> list[PassSpec]:
         done.add(name)
         ordered.append(spec)
 
-    for name in [m for m in PASS_MODULES if m in chosen]:
+    for name in [m for m in specs if m in chosen]:
         visit(name)
     return ordered
 
 
 def _coerce(value: str, annotation: Any, where: str) -> Any:
     """Turn a ``--set`` string into the type a params field declares."""
-    if isinstance(annotation, str):
-        annotation = eval(annotation, {"tuple": tuple, "str": str, "int": int, "float": float,
-                                       "bool": bool, "None": None})
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -117,16 +142,23 @@ def _coerce(value: str, annotation: Any, where: str) -> Any:
 
 
 def build_params(
-    specs: Iterable[PassSpec], settings: Mapping[str, str] | None
+    specs: Iterable[PassSpec], settings: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Params instance per pass from ``{"gaps.min_gap_ns": "500000", ...}`` settings."""
+    """Params instance per pass from settings: ``{"gaps.min_gap_ns": "500000", ...}`` as
+    ``--set`` gives them (strings, read as the declared type), typed values
+    (``{"gaps.min_gap_ns": 500000}``, taken as they are), or a whole params object of a pass
+    (``{"gaps": GapsParams(min_gap_ns=500000)}``)."""
     specs = list(specs)
     by_name = {s.name: s for s in specs}
     overrides: dict[str, dict[str, Any]] = {s.name: {} for s in specs}
+    whole: dict[str, Any] = {}
     all_specs = registry()
     for key, raw in (settings or {}).items():
         pass_name, _, field = key.partition(".")
         if pass_name == "findings" and field:  # finding thresholds: nsysan.findings.params
+            continue
+        if not field and pass_name in by_name and isinstance(raw, by_name[pass_name].params):
+            whole[pass_name] = raw
             continue
         if not field:
             raise ConfigError(
@@ -144,11 +176,16 @@ def build_params(
                 f"--set {key}: pass {pass_name!r} has no parameter {field!r}; "
                 f"parameters: {', '.join(fields) or 'none'}"
             )
-        overrides[pass_name][field] = _coerce(raw, fields[field].type, f"--set {key}")
+        # the declared type, resolved (params modules use postponed annotations: strings)
+        hint = typing.get_type_hints(by_name[pass_name].params)[field]
+        overrides[pass_name][field] = (_coerce(raw, hint, f"--set {key}")
+                                       if isinstance(raw, str) else raw)
     params: dict[str, Any] = {}
     for spec in specs:
         try:
-            params[spec.name] = spec.params(**overrides[spec.name])
+            base = whole.get(spec.name)
+            params[spec.name] = (spec.params(**overrides[spec.name]) if base is None
+                                 else dataclasses.replace(base, **overrides[spec.name]))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"parameters of pass {spec.name!r}: {exc}") from None
     return params
@@ -169,7 +206,7 @@ def describe() -> list[dict[str, Any]]:
                 },
                 "tables": list(spec.tables),
                 "requires": list(spec.requires),
-                "default": spec.name in DEFAULT_PASSES,
+                "default": spec.default,
             }
         )
     return out

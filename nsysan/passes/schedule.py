@@ -8,24 +8,28 @@ start as soon as steps is done. Results do not depend on the order: each pass re
 trace's frames (built once, under a lock) and the results of the passes it names in
 ``requires``/``after``, which are finished before it starts.
 
-It pays on big traces: on 1M kernels (frames loaded) the passes took 1.99-2.06 s two at a
-time against 3.07-3.64 s one at a time. On small traces (below `CONCURRENT_MIN_OPS` GPU ops) a
-pass is many short calls, each holding the GIL for its Python part; there two threads were
-slower than one in a first measurement (sc22, 22k kernels: 0.98-1.17 s against 0.88-0.96 s end
-to end) and no faster in a later one, so they run one at a time. Concurrency also costs memory
-(two passes' intermediates alive at once: +10-25% peak on 1M kernels), so traces above
+It pays on big traces only (the measurements: bench/RESULTS.md, "Pass concurrency"): on small
+traces (below `CONCURRENT_MIN_OPS` GPU ops) a pass is many short calls, each holding the GIL for
+its Python part, and two threads were no faster than one, so they run one at a time. Concurrency
+also costs memory (two passes' intermediates alive at once), so traces above
 `CONCURRENT_MAX_OPS`, where one pass alone holds gigabytes, run one pass at a time too.
+
+The passes of one analysis share derived products (sorted ops, launch links, state sweeps)
+through its `AnalysisContext` (`nsysan.frames.context`), which `analysis_context` opens and
+closes: the scheduler owns the context's lifecycle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from nsysan.errors import ConfigError
+from nsysan.frames.context import AnalysisContext
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec
 
@@ -50,6 +54,22 @@ def pass_workers(trace: Trace) -> int:
     return 2 if CONCURRENT_MIN_OPS <= ops <= CONCURRENT_MAX_OPS else 1
 
 
+@contextlib.contextmanager
+def analysis_context(trace: Trace) -> Iterator[AnalysisContext]:
+    """One analysis of ``trace``: the `AnalysisContext` its passes, findings and reports share
+    products through, closed (every product freed) when the block ends, however it ends.
+    Inside an open context (``trace`` is one already) the block joins it: the outermost owner
+    closes it."""
+    if isinstance(trace, AnalysisContext):
+        yield trace
+        return
+    ctx = AnalysisContext(trace)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
 def run_passes(
     specs: Sequence[PassSpec],
     trace: Trace,
@@ -65,7 +85,16 @@ def run_passes(
     specs first; the wall times of passes that ran together overlap. After a failure no
     further pass starts; once the running ones are done, the error of the earliest failed
     pass in spec order is raised (the same error as a serial run, when passes fail alone).
+    The passes share products through the `analysis_context` of ``trace`` (the caller's, when
+    ``trace`` is one; else one that ends with the passes).
     """
+    with analysis_context(trace) as ctx:
+        return _run(specs, ctx, params, workers)
+
+
+def _run(
+    specs: Sequence[PassSpec], trace: AnalysisContext, params: Mapping[str, Any], workers: int,
+) -> tuple[dict[str, PassResult], dict[str, float]]:
     chosen = {s.name for s in specs}
     needs = {s.name: {d for d in (*s.requires, *s.after) if d in chosen} for s in specs}
     if workers <= 1:

@@ -9,7 +9,6 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
-from nsysan.frames.packed_keys import Keys
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 
@@ -106,11 +105,11 @@ def _call_steps(cpu: pl.DataFrame, start: pl.Series) -> np.ndarray | None:
 def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
     """``step, global_tid, _os, _oe``: every GPU op launched by an API call of process ``pid``
     that starts inside a CPU step range, with the call's step and thread and the op's bounds
-    (one row per (call, op) pair)."""
+    (one row per op: `op_link.api_rows` gives each op its call)."""
     ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
     rows = op_link.api_rows(trace)
-    of_call = _call_steps(cpu, api["start_ns"]) if rows is not None else None
-    if rows is not None and of_call is not None:
+    of_call = _call_steps(cpu, api["start_ns"])
+    if of_call is not None:
         # Every op's call is known and every call's step too: a gather per op. The last
         # slot (-1) is read by ops without a call (row -1).
         of_call[~(api["pid"] == pid).fill_null(False).to_numpy()] = -1
@@ -122,39 +121,24 @@ def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
             ops["start_ns"].gather(op_rows).alias("_os"),
             ops["end_ns"].gather(op_rows).alias("_oe"),
         ])
-    if rows is not None:  # every op's call is known: gather the calls, no join
-        # Only the call's process and start decide whether an op counts. The process test
-        # runs once per call and is gathered as a flag, so the binary search for the step
-        # reads only the ops of the process; then the thread and the op bounds of the ops
-        # that count.
-        linked = np.flatnonzero(rows >= 0)
-        call = rows[linked]
-        same = (api["pid"] == pid).fill_null(False).to_numpy()[call]
-        linked, call = linked[same], call[same]
-        step, inside = _step_of(cpu, api["start_ns"].gather(call))
-        op_rows = pl.Series(linked[inside])
-        return pl.DataFrame([
-            pl.Series("step", step[inside]),
-            api["global_tid"].gather(call[inside]),
-            ops["start_ns"].gather(op_rows).alias("_os"),
-            ops["end_ns"].gather(op_rows).alias("_oe"),
-        ])
-    # Some op key is held by two calls: a join lists every pair.
-    calls = api.filter((pl.col("pid") == pid) & pl.col("start_ns").is_not_null()).select(
-        "global_tid", "global_pid", "correlation_id", "start_ns"
-    )
-    step, inside = _step_of(cpu, calls["start_ns"])
-    link = pl.col("global_pid").is_not_null() & pl.col("correlation_id").is_not_null()
-    calls = calls.with_columns(pl.Series("step", step)).filter(pl.Series(inside)).filter(link)
-    launches = ops.lazy().filter(link).select(
-        "global_pid", "correlation_id",
-        pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe"),
-    ).collect()
-    # Join on one packed Int64 (global_pid, correlation_id), not on two columns.
-    keys = Keys([calls, launches], ["global_pid"], ["correlation_id"])
-    ids = calls.select("step", "global_tid", keys.pack(0, "correlation_id").alias("_id"))
-    op_ids = launches.select(keys.pack(1, "correlation_id").alias("_id"), "_os", "_oe")
-    return ids.join(op_ids, on="_id").select("step", "global_tid", "_os", "_oe")
+    # Some call's step is not one array lookup (`_call_steps`): gather the calls and find
+    # their steps by a binary search.
+    # Only the call's process and start decide whether an op counts. The process test
+    # runs once per call and is gathered as a flag, so the binary search for the step
+    # reads only the ops of the process; then the thread and the op bounds of the ops
+    # that count.
+    linked = np.flatnonzero(rows >= 0)
+    call = rows[linked]
+    same = (api["pid"] == pid).fill_null(False).to_numpy()[call]
+    linked, call = linked[same], call[same]
+    step, inside = _step_of(cpu, api["start_ns"].gather(call))
+    op_rows = pl.Series(linked[inside])
+    return pl.DataFrame([
+        pl.Series("step", step[inside]),
+        api["global_tid"].gather(call[inside]),
+        ops["start_ns"].gather(op_rows).alias("_os"),
+        ops["end_ns"].gather(op_rows).alias("_oe"),
+    ])
 
 
 def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:

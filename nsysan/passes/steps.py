@@ -57,7 +57,6 @@ are 0-based positions, not the numbers in range names.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +65,7 @@ import polars as pl
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas, sweeps
+from nsysan.frames.context import Product, product, share
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.step_detect import nvtx_steps, periodic_steps, project
@@ -80,18 +80,6 @@ OVERLAP_CLASSES = tuple(dict.fromkeys(_CLASS_OF.values()))
 #: While every overlap class has one op_class, op_class names can stand for the classes in the
 #: sweep (same bits, same order): no per-op column of class names is built and mapped again.
 _ONE_TO_ONE = len(_CLASS_OF) == len(OVERLAP_CLASSES)
-#: trace -> (the gpu_ops frame, `device_segments` of it): kept by steps for the overlap pass
-_SEGMENTS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] = (
-    weakref.WeakKeyDictionary())
-#: trace -> (gpu_ops frame, segments, step windows, `step_states`): kept by steps for overlap
-_STATES: weakref.WeakKeyDictionary[
-    Trace, tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]] = (
-    weakref.WeakKeyDictionary())
-#: trace -> (segments, `device_totals`): found by `step_states` and kept for overlap
-_TOTALS: weakref.WeakKeyDictionary[Trace, tuple[pl.DataFrame, pl.DataFrame]] = (
-    weakref.WeakKeyDictionary())
-
-
 @dataclass(frozen=True)
 class StepsParams:
     range_name: str | None = None  # NVTX range name or regex (case-insensitive, whole name)
@@ -136,74 +124,64 @@ def _state_segments(ops: pl.LazyFrame | pl.DataFrame, by: list[str]) -> pl.LazyF
                                   class_col="cls")
 
 
-def device_segments(trace: Trace, keep: bool = False) -> pl.DataFrame:
-    """``device_id, start_ns, end_ns, state_code``: the overlap states
-    (`intervals.state_code_segments` over `OVERLAP_CLASSES`) of the timed GPU ops
-    (``start_ns > 0``) of every device.
-
-    Steps (per-step metrics of one device) and overlap (every device) need the same sweep,
-    half a second on 1M kernels: the steps pass builds it with ``keep`` and the overlap pass
-    takes it over (it is dropped from the memo then, so it does not outlive its last use).
-    Memoised per trace, weakly, and per ``gpu_ops`` frame object (never stale)."""
+def _device_segments(trace: Trace) -> pl.DataFrame:
     ops = trace.frame("gpu_ops")
-    hit = _SEGMENTS.get(trace) if keep else _SEGMENTS.pop(trace, None)
-    if hit is not None and hit[0] is ops:
-        return hit[1]
     timed = ops.lazy().filter(pl.col("start_ns") > 0)
     dev = ops["device_id"]
     if ops.height and dev.null_count() == 0 and dev.min() == dev.max():
         # One device (a trace per rank): the sweep without a group key, so no group codes
         # to pack into the events and map back to device ids for every segment.
-        segs = _state_segments(timed, []).collect().select(
+        return _state_segments(timed, []).collect().select(
             pl.lit(dev[0], dev.dtype).alias("device_id"), pl.all())
-    else:
-        segs = _state_segments(timed, ["device_id"]).collect()
-    if keep:
-        _SEGMENTS[trace] = (ops, segs)
-    return segs
+    return _state_segments(timed, ["device_id"]).collect()
+
+
+def _step_sweep(trace: Trace, segs: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    # The segments come grouped by device and sorted by start: a sweep per device run, which
+    # also gives every device's totals (`device_totals`) on the way.
+    states, totals = sweeps.run_sums(segs, windows, "device_id", "step", "state_code",
+                                     "duration_ns")
+    share(trace, DEVICE_TOTALS, totals, segs)
+    return states
+
+
+#: Steps (per-step metrics of one device) and overlap (every device) need the same sweeps,
+#: half a second on 1M kernels: the steps pass builds them and the overlap pass, their last
+#: user, takes them over (``keep=False``), so they do not outlive it.
+DEVICE_SEGMENTS: Product[pl.DataFrame] = Product(
+    "steps.device_segments", ("gpu_ops",), _device_segments,
+    "the overlap states of the timed GPU ops of every device")
+STEP_STATES: Product[pl.DataFrame] = Product(
+    "steps.step_states", ("gpu_ops",), _step_sweep,
+    "the time of every overlap state of every device in every step window")
+DEVICE_TOTALS: Product[pl.DataFrame] = Product(
+    "steps.device_totals", (),
+    lambda trace, segs: sweeps.run_lengths(segs, "device_id", "state_code", "duration_ns"),
+    "the time of every overlap state of every device over its whole span")
+
+
+def device_segments(trace: Trace, keep: bool = False) -> pl.DataFrame:
+    """``device_id, start_ns, end_ns, state_code``: the overlap states
+    (`intervals.state_code_segments` over `OVERLAP_CLASSES`) of the timed GPU ops
+    (``start_ns > 0``) of every device (the product `DEVICE_SEGMENTS`; ``keep`` false: the
+    caller is its last user)."""
+    return product(trace, DEVICE_SEGMENTS, keep=keep)
 
 
 def step_states(trace: Trace, segs: pl.DataFrame, windows: pl.DataFrame,
                 keep: bool = False) -> pl.DataFrame:
     """``device_id, step, state_code, duration_ns``: the time of every overlap state of every
     device (``segs``: `device_segments`) inside every step window (``windows``: ``step,
-    start_ns, end_ns``), positive times only.
-
-    Steps (one device) and overlap (every device) both need it: the steps pass builds it with
-    ``keep`` and the overlap pass takes it over, like `device_segments`; it is served only for
-    the same ``gpu_ops`` frame, segments and windows."""
-    ops = trace.frame("gpu_ops")
-    hit = _STATES.get(trace) if keep else _STATES.pop(trace, None)
-    if hit is not None and hit[0] is ops and hit[1] is segs and hit[2].equals(windows):
-        return hit[3]
-    # The segments come grouped by device and sorted by start: a sweep per device run, which
-    # also gives every device's totals (`device_totals`) on the way.
-    states, totals = sweeps.run_sums(segs, windows, "device_id", "step", "state_code",
-                                     "duration_ns")
-    if keep:
-        _STATES[trace] = (ops, segs, windows, states)
-        _TOTALS[trace] = (segs, totals)
-    return states
+    start_ns, end_ns``), positive times only (the product `STEP_STATES` of ``segs`` and
+    ``windows``)."""
+    return product(trace, STEP_STATES, segs, windows, keep=keep)
 
 
 def device_totals(trace: Trace, segs: pl.DataFrame, keep: bool = False) -> pl.DataFrame:
     """``device_id, state_code, duration_ns``: the time of every overlap state of every device
-    over its whole span (``segs``: `device_segments`), positive times only.
-
-    `step_states` finds them on the way; the steps pass reads them with ``keep`` and the
-    overlap pass takes them over, like `device_segments`. Served only for the same segments."""
-    hit = _TOTALS.get(trace) if keep else _TOTALS.pop(trace, None)
-    if hit is not None and hit[0] is segs:
-        return hit[1]
-    return sweeps.run_lengths(segs, "device_id", "state_code", "duration_ns")
-
-
-def forget_segments(trace: Trace) -> None:
-    """Drop the kept `device_segments`, `step_states` and `device_totals` of ``trace`` (when
-    the overlap pass did not run)."""
-    _SEGMENTS.pop(trace, None)
-    _STATES.pop(trace, None)
-    _TOTALS.pop(trace, None)
+    over its whole span (``segs``: `device_segments`), positive times only (the product
+    `DEVICE_TOTALS`; `step_states` finds them on the way)."""
+    return product(trace, DEVICE_TOTALS, segs, keep=keep)
 
 
 def primary_device(ops: pl.DataFrame) -> int | None:
@@ -372,4 +350,5 @@ SPEC = PassSpec(
     params=StepsParams,
     tables={"steps": schemas.STEPS},
     run=run,
+    default=True,
 )

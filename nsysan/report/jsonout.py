@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import nsysan
+from nsysan._version import __version__
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import SEVERITIES
 from nsysan.report.atomic import atomic_write as atomic_write  # (the writers import it here)
@@ -47,7 +47,7 @@ def findings_document(diagnosis: Any, trace: Trace,
     note = diagnosis.attribution_note()
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "generator": {"name": "nsysan", "version": nsysan.__version__},
+        "generator": {"name": "nsysan", "version": __version__},
         "trace": {
             "trace_id": meta.trace_id,
             "path": str(meta.path),

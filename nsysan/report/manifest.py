@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-import nsysan
+from nsysan._version import __version__
 from nsysan.frames.trace import Trace
 from nsysan.report.jsonout import _clean, atomic_write
 
@@ -170,7 +170,7 @@ def build_manifest(trace: Trace, info: ManifestInfo | None = None,
     return _clean({
         "manifest_version": MANIFEST_VERSION,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "nsysan_version": nsysan.__version__,
+        "nsysan_version": __version__,
         "python": platform.python_version(),
         "polars": pl.__version__,
         "platform": platform.platform(),

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nsysan
+from nsysan._version import __version__
 from nsysan.errors import OutputError
 from nsysan.report.atomic import (
     TEMP_NAME,
@@ -394,7 +394,7 @@ class OwnedFolder:
                 inputs.append({"path": real(p), "bytes": d.get("bytes"),
                                "sha256": d.get("sha256")})
             write_marker(self.tmp, {
-                "kind": self.kind, "nsysan_version": nsysan.__version__, "inputs": inputs,
+                "kind": self.kind, "nsysan_version": __version__, "inputs": inputs,
                 "files": [r for r in _entries(self.tmp) if r != MARKER],
             })
             self._check()  # again: something may have appeared there meanwhile

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-import nsysan
+from nsysan._version import __version__
 from nsysan.errors import OutputError
 from nsysan.report.atomic import atomic_write, temp_file, write_errors
 from nsysan.report.ownership import (
@@ -90,7 +90,7 @@ def write_files(folder: str | os.PathLike[str], files: Mapping[str, bytes | str]
             for n, data in files.items():
                 temps[n] = temp_file(out / n)
                 temps[n].write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-            doc = {"kind": kind, "nsysan_version": nsysan.__version__,
+            doc = {"kind": kind, "nsysan_version": __version__,
                    "inputs": [{"path": real(p)} for p in inputs]}
             write_marker(out, {**doc, "files": sorted(ours | set(files))})
             for n, tmp in temps.items():

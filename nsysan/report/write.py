@@ -15,32 +15,28 @@ from typing import Any
 
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult
+from nsysan.passes.schedule import analysis_context
 from nsysan.report import plots
 from nsysan.report.jsonout import write_findings_json
 from nsysan.report.manifest import ManifestInfo, inputs_of, prefetch_sha256, write_manifest
 from nsysan.report.markdown import write_markdown
 
 
-def _unpack(trace_or_result: Any, results: Mapping[str, PassResult] | None, diagnosis: Any,
-            info: ManifestInfo | Mapping[str, Any] | None):
-    """Accept either (trace, results, diagnosis, info) or one `nsysan.api.AnalysisResult`."""
+def _unpack(trace: Trace, trace_or_result: Any, results: Mapping[str, PassResult] | None,
+            diagnosis: Any, info: ManifestInfo | Mapping[str, Any] | None):
+    """Accept either (trace, results, diagnosis, info) or one `nsysan.api.AnalysisResult`
+    (``trace``: the context of the trace the reports are of)."""
     if not isinstance(trace_or_result, Trace):
         r = trace_or_result
-        trace, results = r.trace, r.results
+        results = r.results
         diagnosis = diagnosis if diagnosis is not None else r.diagnosis
         if info is None:
             info = ManifestInfo(params=r.params, timings_s=r.timings_s, options=r.options)
-    else:
-        trace = trace_or_result
     if results is None:
         raise TypeError("write_report needs the pass results")
-    if diagnosis is None:
-        from nsysan.findings import diagnose
-
-        opts = dict(getattr(info, "options", None) or {}) if info is not None else {}
-        diagnosis = diagnose(trace, results, **{k: v for k, v in opts.items()
-                                                if k in ("samples_per_step", "tokens_per_step")
-                                                and v is not None})
+    if diagnosis is None:  # the reports render findings; drawing them is the caller's part
+        raise TypeError("write_report needs the diagnosis: nsysan.findings.diagnose(trace, "
+                        "results), or an AnalysisResult of analyze(findings=True)")
     if isinstance(info, Mapping):
         info = ManifestInfo(**info)
     info = info or ManifestInfo()
@@ -64,8 +60,17 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     t_start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    trace, results, diagnosis, info = _unpack(trace_or_result, results, diagnosis,
-                                              manifest_info)
+    # the pictures share the unions of the GPU ops with the passes and the findings: through
+    # the analysis' context, or one of their own
+    base = trace_or_result if isinstance(trace_or_result, Trace) else trace_or_result.trace
+    with analysis_context(base) as trace:
+        return _write(out, t_start, *_unpack(trace, trace_or_result, results, diagnosis,
+                                             manifest_info), before_manifest, perfetto)
+
+
+def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassResult],
+           diagnosis: Any, info: ManifestInfo,
+           before_manifest: Callable[[], object] | None, perfetto: bool) -> list[Path]:
     # The manifest hashes the inputs (a second per GB): started now, in a background thread,
     # the hash overlaps the pictures instead of following them (nothing new is started when
     # `analyze(hash_inputs=True)` prefetched them already; see `prefetch_sha256`).
