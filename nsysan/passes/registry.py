@@ -21,6 +21,7 @@ PASS_MODULES = (
     "attribution",
     "kernels",
     "nccl",
+    "host",
 )
 
 #: Passes run by ``nsysan analyze`` when ``--passes`` is not given.
