@@ -216,7 +216,7 @@ SCHED = pl.Schema(
         "end_ns": I64,  # switch-out (or the session end when it never switched out)
         "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
         "open_end": BOOL,  # no switch-out after the last switch-in: closed at session end
-        "out_state": STR,  # thread state at the switch-out, where the export has it (3.28+)
+        "out_state": STR,  # thread state at the switch-out, where the export has it
     }
 )
 CPU_SAMPLES = pl.Schema(

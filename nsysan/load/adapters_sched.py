@@ -1,9 +1,10 @@
 """The ``sched`` frame: on-CPU intervals per thread, from nsys' context switches.
 
 ``SCHED_EVENTS(start, cpu, isSchedIn, globalTid)`` holds one row per switch-in or switch-out
-(recorded with ``--cpuctxsw``; 3.28+ exports add ``threadState`` on switches). Pairing rule,
-per thread in time order (at one instant a switch-out sorts before a switch-in, so a thread
-that leaves and returns at the same ns gets two intervals, never a negative one):
+(recorded with ``--cpuctxsw``; exports from about schema 3.13 add ``threadState`` on
+switches, read into ``out_state``). Pairing rule, per thread in time order (at one instant a
+switch-out sorts before a switch-in, so a thread that leaves and returns at the same ns gets
+two intervals, never a negative one):
 
 - a switch-in starts an interval; the thread's next event ends it: a switch-out (the normal
   case) or another switch-in (a lost switch-out: the interval ends there, noted);

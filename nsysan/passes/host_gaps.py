@@ -1,15 +1,17 @@
 """``host_gaps``: what each launching thread did during each GPU gap (part of the host pass).
 
 Rows: every device gap of the ``gaps`` pass (``scope == "device"``) times every thread whose
-CUDA API calls launched GPU work on that device. Per row:
+CUDA API calls launched GPU work on that device (``primary_launcher``: the one that launched
+most of the device's ops; ties: the smallest global thread id). Per row:
 
 - ``on_cpu_ns`` / ``on_cpu_frac``: the thread's on-CPU intervals (``sched``) inside the gap;
   ``off_cpu_ns`` the rest (null without scheduling data);
 - ``unblocked_off_cpu_ns``: off-CPU time that no blocking call explains, the evidence of
   involuntary descheduling (the thread could run but had no CPU). Which rule is used
   (``metrics["deschedule_rule"]`` of the pass; `deschedule_rule`):
-  ``thread_state`` when the export records the thread state at each switch-out (schema
-  3.28+): off-CPU time after a switch-out in state ``running``/``runnable``;
+  ``thread_state`` when the export records informative thread states at switch-outs
+  (`INFORMATIVE_STATES`; the column exists from about schema 3.13, but may hold only
+  ``unknown``): off-CPU time after a switch-out in state ``running`` (preempted);
   ``osrt_uncovered`` otherwise, when OS-runtime calls were traced: off-CPU time not covered
   by a blocking call of that thread (an OS-runtime call such as futex, poll, read, nanosleep,
   or a CUDA synchronization API call). Null when neither is available. nsys records only
@@ -36,19 +38,24 @@ HOST_GAPS = pl.Schema(
     {
         "trace_id": STR, "device_id": I64, "gap_start_ns": I64, "gap_end_ns": I64,
         "duration_ns": I64, "step": I64, "pid": I64, "tid": I64, "global_tid": I64,
+        "primary_launcher": pl.Boolean,  # the thread that launched most ops on the device
         "on_cpu_ns": I64, "on_cpu_frac": F64, "off_cpu_ns": I64,
         "unblocked_off_cpu_ns": I64, "n_samples": I64, **LAYER_SAMPLES,
         "top_layer": STR, "top_symbols": STR,
     }
 )
-PREEMPTED_STATES = ("running", "runnable")
+#: switch-out states that say why a thread left the CPU (3.13+ exports have the column, but
+#: the shared 3.13 / 3.17 exports hold only "unknown" and "terminated" there)
+INFORMATIVE_STATES = ("running", "interruptible", "uninterruptible", "stopped", "waiting")
+#: a thread switched out while still running was preempted: it could have run on
+PREEMPTED_STATES = ("running",)
 
 
 def deschedule_rule(trace: Trace, sched: pl.DataFrame) -> str | None:
     """Which evidence of involuntary descheduling this trace allows (module docstring)."""
     if sched.is_empty():
         return None
-    if sched["out_state"].null_count() < sched.height:
+    if sched["out_state"].is_in(INFORMATIVE_STATES).any():
         return "thread_state"
     tables = trace.meta.tables
     if tables.get("OSRT_API") or (not tables and not trace.frame("osrt").is_empty()):
@@ -125,7 +132,12 @@ def table(trace: Trace, results: Results, sched: pl.DataFrame, samples: pl.DataF
     gaps = gaps.filter(pl.col("scope") == "device").select(
         "device_id", gap_start_ns="start_ns", gap_end_ns="end_ns", duration_ns="duration_ns",
         step="step")
-    launchers = calls.select("device_id", "global_tid").unique()
+    launchers = (
+        calls.group_by("device_id", "global_tid").agg(_n=pl.len())
+        .sort(["device_id", "_n", "global_tid"], descending=[False, True, False])
+        .with_columns(primary_launcher=pl.int_range(pl.len()).over("device_id") == 0)
+        .drop("_n")
+    )
     pairs = gaps.join(launchers, on="device_id").sort("device_id", "gap_start_ns",
                                                        "global_tid")
     if pairs.is_empty():

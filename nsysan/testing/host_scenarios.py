@@ -68,7 +68,7 @@ def cpu_bound_input(path: str | Path, iterations: int = 12) -> tuple[Path, dict[
         b.add_kernel(gtid, prep_end + 50 * US, prep_end + 5 * MS, K.SGEMM,
                      api_start=prep_end, api_ns=20 * US)
         if i:
-            idle += 15 * MS + 50 * US
+            idle += 15 * MS + 200 * US  # next kernel start - this kernel end
         t = prep_end + 150 * US
     return b.write(Path(path)), {"finding": "HOST_CPU_BOUND", "gap_idle_ns": idle}
 
@@ -102,8 +102,7 @@ def descheduled_launcher(path: str | Path, iterations: int = 12
     b, gtid = _start()
     workers = [b.add_thread(PID, PID + 10 + k, f"worker{k}") for k in range(4)]
     t = 1 * MS
-    idle = 0
-    for i in range(iterations):
+    for _ in range(iterations):
         # launch a 4 ms kernel, briefly on-CPU; then descheduled for 8 ms while runnable
         b.add_on_cpu(gtid, t, t + 300 * US, cpu=0)
         b.add_sample(gtid, t + 100 * US, [("_PyEval_EvalFrameDefault", PYTHON)])
@@ -114,8 +113,6 @@ def descheduled_launcher(path: str | Path, iterations: int = 12
             b.add_on_cpu(w, t + 300 * US, off_end, cpu=k % 2)
             _samples(b, w, t + 300 * US, off_end, [[("at::native::add_kernel", TORCH)]],
                      cpu=k % 2)
-        if i:
-            idle += 0  # counted by the test from the gaps table
         t = off_end
     # OS-runtime tracing was on: one short traced call, so "not covered by a blocking call"
     # is evidence here
