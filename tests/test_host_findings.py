@@ -73,3 +73,12 @@ def test_shared_traces_get_no_host_warnings(shared_traces: Path, name: str) -> N
     assert not warned
     if "sc23-vit" in name:  # the ViT run waits in the driver: GPU-bound
         assert any(f.code == "HOST_WAITS_ON_GPU" for f in d.findings)
+
+
+def test_verdict_takes_host_evidence_into_account(tmp_path: Path) -> None:
+    path, _ = hs.gpu_bound_driver_wait(tmp_path / "t.sqlite")
+    with_host = _diagnose(path).verdict
+    without = _diagnose(path, passes=None).verdict
+    assert with_host.label == without.label == "compute-bound"
+    assert "GPU-bound and CPU-side tuning will not help" in with_host.reason
+    assert "host evidence" not in without.reason

@@ -126,3 +126,18 @@ def test_shared_traces_equal_brute_force(shared_traces: Path, name: str) -> None
                 if g == row["global_tid"] and row["gap_start_ns"] <= t < row["gap_end_ns"])
         layers = sum(row[f"{layer}_samples"] for layer in host.ht.HOST_LAYERS)
         assert row["n_samples"] == n == layers
+
+
+def test_scheduling_without_sampling(tmp_path: Path) -> None:
+    from nsysan.testing import kernels as K
+    b = TraceBuilder()
+    g = b.add_process(7)
+    b.add_gpu(0)
+    b.add_kernel(g, 1 * hs.MS, 2 * hs.MS, K.SGEMM)
+    b.add_kernel(g, 12 * hs.MS, 13 * hs.MS, K.SGEMM)
+    b.add_on_cpu(g, 4 * hs.MS, 7 * hs.MS)
+    res = _host(b.write(tmp_path / "t.sqlite"))
+    assert "partly captured: no sampling" in res.metrics["host_evidence"]
+    row = res.tables["host_gaps"].row(0, named=True)
+    assert row["on_cpu_ns"] == 3 * hs.MS and row["n_samples"] == 0
+    assert row["host_detail"] == "on-CPU 30% of the gap; no samples"

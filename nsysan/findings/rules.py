@@ -163,7 +163,7 @@ def diagnose(
     return Diagnosis(
         trace_id=trace.trace_id,
         baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
-        verdict=compute_verdict(ctx),
+        verdict=rules_host.with_host_evidence(compute_verdict(ctx), findings),
         findings=findings,
         not_found=not_found,
         unavailable=unavailable,

@@ -16,8 +16,11 @@ Thresholds (documented in the catalogue's severity rules):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 
+from nsysan.findings.baseline import Verdict
 from nsysan.findings.context import Context, NotEvaluated
 from nsysan.findings.evidence import (
     evidence,
@@ -102,12 +105,15 @@ def cpu_bound(ctx: Context) -> list[Finding]:
     parts = ", ".join(f"{LAYER_LABELS[k]} {fmt_frac(v)}" for k, v in split.items() if v)
     longest = hit.sort(["duration_ns", "gap_start_ns"], descending=[True, False])
     top = longest["top_symbols"].drop_nulls().head(1).to_list()
+    detail = longest["host_detail"].drop_nulls().head(1).to_list()
     tid = int(hit["tid"][0])
     msg = (f"The GPU was idle {fmt_ns(idle)} in {hit.height} gaps ({fmt_frac(share)} of "
            f"steady-state device time) while its launching thread (tid {tid}) was on-CPU "
            f"{fmt_frac(busy)} of that time in the framework / data pipeline ({parts} of its "
            f"{n_samples} samples there): the host computes instead of feeding the GPU."
-           + (f" Hottest leaf functions in the longest gap: {top[0]}." if top else ""))
+           + (f" Longest gap ({fmt_ns(int(longest['duration_ns'][0]))}): {detail[0]}."
+              if detail else "")
+           + (f" Hottest leaf functions there: {top[0]}." if top else ""))
     metrics = [
         metric("cpu_bound_idle_ns", "device idle while the launcher was CPU-busy", idle, "ns"),
         metric("cpu_bound_idle_frac", "share of steady-state device time", share, "frac"),
@@ -201,3 +207,23 @@ def contention(ctx: Context) -> list[Finding]:
     win = longest.select("device_id", start_ns="gap_start_ns", end_ns="gap_end_ns")
     ev = evidence(metrics, windows_from(win, None, ctx.params.top_n, "launcher descheduled"))
     return [make_finding("CPU_CONTENTION", sev, msg, ev, pid=int(hit["pid"][0]))]
+
+
+#: what each host finding says about the verdict (appended to its reason)
+VERDICT_NOTES = {
+    "HOST_WAITS_ON_GPU": "host evidence: the launching thread mostly waits in the CUDA driver, "
+                         "so the run is GPU-bound and CPU-side tuning will not help",
+    "HOST_CPU_BOUND": "host evidence: during the GPU gaps the launching thread computes in "
+                      "the framework / data pipeline (CPU-bound input)",
+    "CPU_CONTENTION": "host evidence: the launching thread is descheduled during GPU gaps "
+                      "(CPU contention; bind processes to cores)",
+}
+
+
+def with_host_evidence(verdict: Verdict, findings: list[Finding]) -> Verdict:
+    """``verdict`` with what the host findings add to its reason (unchanged without any)."""
+    notes = [VERDICT_NOTES[f.code] for f in findings if f.code in VERDICT_NOTES]
+    if not notes:
+        return verdict
+    reason = verdict.reason.rstrip(".") + "; " + "; ".join(dict.fromkeys(notes)) + "."
+    return replace(verdict, reason=reason)
