@@ -82,3 +82,16 @@ def test_verdict_takes_host_evidence_into_account(tmp_path: Path) -> None:
     assert with_host.label == without.label == "compute-bound"
     assert "GPU-bound and CPU-side tuning will not help" in with_host.reason
     assert "host evidence" not in without.reason
+
+
+def test_findings_md_gains_a_host_section(tmp_path: Path) -> None:
+    from nsysan.report.markdown import render_markdown
+
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    result = api.analyze(path, passes=PASSES)
+    host = result.results["host"].tables
+    md = render_markdown(result.diagnosis, result.trace, host=host)
+    assert "## Host threads (CPU sampling)" in md
+    assert "| python (tid 4242) |" in md and "data_pipeline 80.0%" in md
+    plain = render_markdown(result.diagnosis, result.trace)
+    assert "## Host threads" not in plain

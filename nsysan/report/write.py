@@ -89,7 +89,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
                  for tl, (_, name) in zip(timelines, pngs, strict=True)]
         html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
-                            tables.get("overlap"))
+                            tables.get("overlap"),
+                            {k: tables[k] for k in ("host_threads", "host_layers") if k in tables})
         bars = ([plots.layers_png(layers, out / "layers.png")]
                 if with_layers and layers is not None else [])
         written += [f.result() for f in drawn]
