@@ -141,3 +141,22 @@ def test_scheduling_without_sampling(tmp_path: Path) -> None:
     row = res.tables["host_gaps"].row(0, named=True)
     assert row["on_cpu_ns"] == 3 * hs.MS and row["n_samples"] == 0
     assert row["host_detail"] == "on-CPU 30% of the gap; no samples"
+
+
+def test_row_order_is_not_data(tmp_path: Path) -> None:
+    path, _ = hs.descheduled_launcher(tmp_path / "a.sqlite")
+    shuffled = tmp_path / "b.sqlite"
+    shuffled.write_bytes(path.read_bytes())
+    con = sqlite3.connect(shuffled)
+    for table in ("SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS", "OSRT_API",
+                  "CUPTI_ACTIVITY_KIND_RUNTIME"):
+        con.execute(f"CREATE TABLE t AS SELECT * FROM {table} ORDER BY rowid DESC")
+        con.execute(f"DELETE FROM {table}")
+        con.execute(f"INSERT INTO {table} SELECT * FROM t")
+        con.execute("DROP TABLE t")
+    con.commit()
+    con.close()
+    a, b = _host(path), _host(shuffled)
+    for name in host.TABLES:
+        assert a.tables[name].drop("trace_id").equals(b.tables[name].drop("trace_id")), name
+    assert a.metrics == b.metrics

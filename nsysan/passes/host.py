@@ -113,6 +113,8 @@ def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
         calls = (api.select("global_tid", "start_ns", "end_ns")
                  .sort("global_tid", "start_ns")
                  .with_columns(pl.col("end_ns").cum_max().over("global_tid").alias("_until"))
+                 # calls starting at one instant: the furthest reach, whatever their order
+                 .group_by("global_tid", "start_ns").agg(pl.col("_until").max())
                  .select("global_tid", pl.col("start_ns").alias("time_ns"), "_until"))
         layered = (
             layered.sort("time_ns")
