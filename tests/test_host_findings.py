@@ -57,7 +57,7 @@ def test_without_host_evidence_rules_say_how_to_record(tmp_path: Path) -> None:
 
 def test_without_the_host_pass_diagnosis_is_unchanged(tmp_path: Path) -> None:
     path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
-    d = _diagnose(path, passes=None)  # the default passes
+    d = _diagnose(path, passes=[p for p in PASSES if p != "host"])
     for code in HOST_CODES:
         assert code not in d.unavailable and code not in d.not_found
         assert all(f.code != code for f in d.findings)
@@ -78,7 +78,7 @@ def test_shared_traces_get_no_host_warnings(shared_traces: Path, name: str) -> N
 def test_verdict_takes_host_evidence_into_account(tmp_path: Path) -> None:
     path, _ = hs.gpu_bound_driver_wait(tmp_path / "t.sqlite")
     with_host = _diagnose(path).verdict
-    without = _diagnose(path, passes=None).verdict
+    without = _diagnose(path, passes=[p for p in PASSES if p != "host"]).verdict
     assert with_host.label == without.label == "compute-bound"
     assert "GPU-bound and CPU-side tuning will not help" in with_host.reason
     assert "host evidence" not in without.reason
@@ -95,3 +95,8 @@ def test_findings_md_gains_a_host_section(tmp_path: Path) -> None:
     assert "| python (tid 4242) |" in md and "data_pipeline 80.0%" in md
     plain = render_markdown(result.diagnosis, result.trace)
     assert "## Host threads" not in plain
+
+
+def test_host_is_a_default_pass(tmp_path: Path) -> None:
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    assert any(f.code == "HOST_CPU_BOUND" for f in _diagnose(path, passes=None).findings)

@@ -160,3 +160,27 @@ def test_row_order_is_not_data(tmp_path: Path) -> None:
     for name in host.TABLES:
         assert a.tables[name].drop("trace_id").equals(b.tables[name].drop("trace_id")), name
     assert a.metrics == b.metrics
+
+
+def test_scale_trace_replicates_host_evidence(shared_traces: Path, tmp_path: Path) -> None:
+    import sys
+
+    from conftest import REPO_ROOT
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import scale_trace
+    finally:
+        sys.path.pop(0)
+    src = _shared(SC22)
+    counts = scale_trace.scale(src, tmp_path / "x2.sqlite", 2)
+    con = sqlite3.connect(src)
+    n = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+         for t in ("SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS")}
+    con.close()
+    assert all(counts[t] == 2 * n[t] for t in n)
+    out = sqlite3.connect(tmp_path / "x2.sqlite")
+    orphans = out.execute("SELECT count(*) FROM SAMPLING_CALLCHAINS c LEFT JOIN "
+                          "COMPOSITE_EVENTS e ON e.id = c.id WHERE e.id IS NULL").fetchone()[0]
+    distinct = out.execute("SELECT count(DISTINCT id) FROM COMPOSITE_EVENTS").fetchone()[0]
+    out.close()
+    assert orphans == 0 and distinct == 2 * n["COMPOSITE_EVENTS"]

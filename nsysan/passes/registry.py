@@ -25,7 +25,7 @@ PASS_MODULES = (
 )
 
 #: Passes run by ``nsysan analyze`` when ``--passes`` is not given.
-DEFAULT_PASSES = ("steps", "gaps", "overlap", "attribution", "kernels", "nccl")
+DEFAULT_PASSES = ("steps", "gaps", "overlap", "attribution", "kernels", "nccl", "host")
 
 
 def registry() -> dict[str, PassSpec]:
