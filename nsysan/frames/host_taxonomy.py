@@ -133,20 +133,22 @@ def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
     if stacks.is_empty():
         return pl.DataFrame(schema={"sample_id": pl.Int64, "leaf_layer": pl.String,
                                     "layer": pl.String})
+    # Each distinct module is classified once; only OS leaves need their callers' frames.
     layers = module_layers(stacks["module"])
-    framed = stacks.select("sample_id", "depth", "module").join(
-        layers, on="module", how="left", nulls_equal=True
-    ).with_columns(pl.col("layer").fill_null("unknown"))
-    leaf = (framed.sort("sample_id", "depth")
-            .group_by("sample_id", maintain_order=True).first()
-            .select("sample_id", leaf_layer="layer"))
-    caller = (
-        framed.filter((pl.col("depth") > 0) & ~pl.col("layer").is_in(["os", "unknown"]))
+    leaf = (stacks.filter(pl.col("depth") == 0).select("sample_id", "module")
+            .unique("sample_id", keep="first", maintain_order=True)
+            .join(layers, on="module", how="left", nulls_equal=True)
+            .select("sample_id", leaf_layer=pl.col("layer").fill_null("unknown")))
+    os_ids = leaf.filter(pl.col("leaf_layer") == "os").select("sample_id")
+    callers = (
+        stacks.filter(pl.col("depth") > 0).select("sample_id", "depth", "module")
+        .join(os_ids, on="sample_id", how="semi")
+        .join(layers.filter(~pl.col("layer").is_in(["os", "unknown"])), on="module")
         .sort("sample_id", "depth")
         .group_by("sample_id", maintain_order=True).first()
         .select("sample_id", caller_layer="layer")
     )
-    out = leaf.join(caller, on="sample_id", how="left")
+    out = leaf.join(callers, on="sample_id", how="left")
     return out.select(
         "sample_id", "leaf_layer",
         layer=pl.when(pl.col("leaf_layer") == "os")

@@ -28,9 +28,12 @@ def _resolve_ids(adapter: Adapter, df: pl.DataFrame, cols: dict[str, str]) -> pl
     """Replace each StringIds key column by its value (each distinct id looked up once)."""
     strings = adapter.strings
     for col, out in cols.items():
-        ids = df.select(pl.col(col).unique().drop_nulls())
+        # a gather through one lookup index: a join would move every other column too
+        ids = df.select(pl.col(col).unique().drop_nulls().sort())
         lookup = ids.join(strings.rename({"id": col, "value": out}), on=col, how="left")
-        df = df.join(lookup, on=col, how="left", maintain_order="left").drop(col)
+        at = df[col].replace_strict(lookup[col], pl.int_range(lookup.height, eager=True),
+                                    default=None, return_dtype=pl.UInt32)
+        df = df.with_columns(lookup[out].gather(at).alias(out)).drop(col)
     return df
 
 

@@ -104,9 +104,7 @@ def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
     stacks = trace.frame("cpu_stacks").select("sample_id", "depth", "module")
     layered = samples.join(ht.sample_layers(stacks), on="sample_id", how="left",
                            maintain_order="left")
-    layered = layered.with_columns(pl.col("layer").fill_null(
-        pl.when(pl.col("leaf_module").is_null()).then(pl.lit("unknown"))
-        .otherwise(ht.layer_expr(pl.col("leaf_module")))))
+    layered = layered.with_columns(pl.col("layer").fill_null("unknown"))  # no call chain
     api = trace.frame("cuda_api")
     if not api.is_empty():
         # time-covered by a CUDA call of the same thread: running max of call ends, per thread
