@@ -96,7 +96,8 @@ class Trace:
         The threads are daemons: an interrupted analysis exits without waiting for them.
         """
         todo = deque(n for n in dict.fromkeys(names)
-                     if n in schemas.CANONICAL and n not in self._frames)
+                     if (n in schemas.CANONICAL or n in schemas.HOST_EVIDENCE)
+                     and n not in self._frames)
 
         def work() -> None:
             while todo:

@@ -95,6 +95,14 @@ def captured(trace: Trace) -> tuple[bool, bool]:
     return sched, samples
 
 
+def frames_to_read(trace: Trace) -> list[str]:
+    """The host-evidence frames this trace can build (for prefetching), stacks first."""
+    tables = trace.meta.tables
+    wanted = {"cpu_stacks": "SAMPLING_CALLCHAINS", "cpu_samples": "COMPOSITE_EVENTS",
+              "sched": "SCHED_EVENTS"}
+    return [frame for frame, table in wanted.items() if tables.get(table)]
+
+
 def _thread_names(trace: Trace) -> pl.DataFrame:
     return trace.frame("threads").select("global_tid", "name")
 
