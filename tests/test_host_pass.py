@@ -184,3 +184,27 @@ def test_scale_trace_replicates_host_evidence(shared_traces: Path, tmp_path: Pat
     distinct = out.execute("SELECT count(DISTINCT id) FROM COMPOSITE_EVENTS").fetchone()[0]
     out.close()
     assert orphans == 0 and distinct == 2 * n["COMPOSITE_EVENTS"]
+
+
+def test_traces_without_host_tables_build_no_host_frame(tmp_path: Path) -> None:
+    from nsysan.testing.scenarios import build
+
+    path, _ = build("healthy", tmp_path)
+    result = api.analyze(path)
+    assert not {"sched", "cpu_samples", "cpu_stacks"} & set(result.trace.meta.quality)
+
+
+@pytest.mark.parametrize("stem", ["sc22-ddp-4gpu-nccl/4gpu_baseline",
+                                  "sc23-vit-train-nvtx/4workers"])
+def test_sqlite_and_parquetdir_give_the_same_host_frames(shared_traces: Path, stem: str) -> None:
+    from nsysan.load import open_trace
+
+    folder = shared_traces / Path(stem).parent
+    name = Path(stem).name
+    sqlite = next(iter(folder.glob(f"{name}*.nsys2023.4.4.sqlite")), None)
+    pqdir = folder / f"{name}.nsys2023.4.4.parquetdir"
+    if sqlite is None or not pqdir.is_dir():
+        pytest.skip("no 2023.4.4 export pair")
+    a, b = (open_trace(p, frame_cache=False, trace_id="t") for p in (sqlite, pqdir))
+    for frame in ("sched", "cpu_samples", "cpu_stacks"):
+        assert a.frame(frame).equals(b.frame(frame)), frame

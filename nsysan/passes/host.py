@@ -40,6 +40,7 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames import host_taxonomy as ht
+from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
 from nsysan.passes import host_gaps
 from nsysan.passes.base import PassResult, PassSpec, Results
@@ -88,11 +89,9 @@ def captured(trace: Trace) -> tuple[bool, bool]:
     """(scheduling captured, sampling captured): the raw tables are in the export (or, for
     in-memory traces, the frames have rows)."""
     tables = trace.meta.tables
-    sched = bool(tables.get("SCHED_EVENTS")) or (not tables and not trace.frame("sched")
-                                                  .is_empty())
-    samples = bool(tables.get("COMPOSITE_EVENTS")) or (
-        not tables and not trace.frame("cpu_samples").is_empty())
-    return sched, samples
+    if tables:  # opened from an export: its tables say
+        return bool(tables.get("SCHED_EVENTS")), bool(tables.get("COMPOSITE_EVENTS"))
+    return not trace.frame("sched").is_empty(), not trace.frame("cpu_samples").is_empty()
 
 
 def frames_to_read(trace: Trace) -> list[str]:
@@ -236,8 +235,9 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
     has_sched, has_samples = captured(trace)
     if not has_sched and not has_samples:
         return _empty(trace.trace_id, f"not captured: record with `{HOW_TO_RECORD}`")
-    sched = trace.frame("sched") if has_sched else trace.frame("sched").clear()
-    raw = trace.frame("cpu_samples") if has_samples else trace.frame("cpu_samples").clear()
+    # frames not captured are not built at all (no data-quality entry, nothing read)
+    sched = trace.frame("sched") if has_sched else schemas.empty(schemas.SCHED)
+    raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas.CPU_SAMPLES)
     samples = sample_layers(trace, raw) if has_samples else raw.with_columns(
         layer=pl.lit(None, dtype=STR))
     window = session_window(trace, sched, samples)
