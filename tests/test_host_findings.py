@@ -100,3 +100,20 @@ def test_findings_md_gains_a_host_section(tmp_path: Path) -> None:
 def test_host_is_a_default_pass(tmp_path: Path) -> None:
     path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
     assert any(f.code == "HOST_CPU_BOUND" for f in _diagnose(path, passes=None).findings)
+
+
+def test_timeline_gains_a_host_lane_per_launching_thread(tmp_path: Path) -> None:
+    import numpy as np
+
+    from nsysan.report import plots
+
+    path, _ = hs.descheduled_launcher(tmp_path / "t.sqlite")
+    result = api.analyze(path)
+    (tl,) = plots.device_timelines(result.trace, result.tables)
+    lane = tl.lanes["host 4242 fw"]
+    # brute force: on-CPU share of every bin from the planted intervals
+    on = [(t, t + 300 * hs.US) for t in (hs.MS + i * 8_300 * hs.US for i in range(12))]
+    want = [sum(max(0, min(e, b1) - max(s, b0)) for s, e in on) / max(b1 - b0, 1)
+            for b0, b1 in zip(tl.edges[:-1].tolist(), tl.edges[1:].tolist(), strict=True)]
+    assert np.allclose(lane, want)
+    assert not any(k.startswith("host") for k in plots.device_timelines(result.trace, {})[0].lanes)
