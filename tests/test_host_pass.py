@@ -208,3 +208,4 @@ def test_sqlite_and_parquetdir_give_the_same_host_frames(shared_traces: Path, st
     a, b = (open_trace(p, frame_cache=False, trace_id="t") for p in (sqlite, pqdir))
     for frame in ("sched", "cpu_samples", "cpu_stacks"):
         assert a.frame(frame).equals(b.frame(frame)), frame
+

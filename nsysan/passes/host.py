@@ -199,8 +199,8 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
             .when(pl.col("global_tid").is_in(launchers.implode())).then(pl.lit("launcher"))
             .otherwise(pl.lit("other")))
     df = df.with_columns(
-        trace_id=pl.lit(trace.trace_id), pid=(pl.col("global_tid") // (1 << 24)) % (1 << 24),
-        tid=pl.col("global_tid") % (1 << 24), role=role,
+        trace_id=pl.lit(trace.trace_id), pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
+        tid=pl.col("global_tid") & 0xFFFFFF, role=role,
     )
     return df.select(HOST_THREADS.names()).cast(dict(HOST_THREADS)).sort("pid", "tid",
                                                                          "global_tid")
@@ -222,8 +222,8 @@ def _layers(trace: Trace, samples: pl.DataFrame, period: int | None,
         frac=pl.col("n_samples") / pl.col("n_samples").sum().over("global_tid", "step"),
         est_ns=pl.col("n_samples") * pl.lit(period, dtype=I64),
         trace_id=pl.lit(trace.trace_id),
-        pid=(pl.col("global_tid") // (1 << 24)) % (1 << 24),
-        tid=pl.col("global_tid") % (1 << 24),
+        pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
+        tid=pl.col("global_tid") & 0xFFFFFF,
     )
     order = pl.col("layer").replace_strict({x: i for i, x in enumerate(ht.HOST_LAYERS)},
                                            return_dtype=I64)

@@ -195,8 +195,8 @@ def table(trace: Trace, results: Results, sched: pl.DataFrame, samples: pl.DataF
     pairs = pairs.with_columns(host_detail=pl.concat_str(on_part, sample_part))
     pairs = pairs.with_columns(
         trace_id=pl.lit(trace.trace_id),
-        pid=(pl.col("global_tid") // (1 << 24)) % (1 << 24),
-        tid=pl.col("global_tid") % (1 << 24),
+        pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
+        tid=pl.col("global_tid") & 0xFFFFFF,
     )
     have = set(pairs.columns)
     return pairs.select(
