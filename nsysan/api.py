@@ -41,6 +41,8 @@ class AnalysisResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     diagnosis: Any = None  # nsysan.findings.Diagnosis when findings ran
     options: dict[str, Any] = field(default_factory=dict)
+    #: nsysan.findings.FindingParams from ``findings.*`` settings (None: the defaults)
+    finding_params: Any = None
 
     @property
     def trace_id(self) -> str:
@@ -152,6 +154,7 @@ def _run_passes(
     """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
     specs = registry.resolve(passes)
     params = registry.build_params(specs, settings)
+    finding_params = _finding_params(settings) if findings else None
     check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     t0 = time.perf_counter()
     trace = start(path_or_trace, nsys=nsys, findings=findings, hash_inputs=hash_inputs)
@@ -175,7 +178,17 @@ def _run_passes(
         params=params,
         timings_s=timings,
         options={"samples_per_step": samples_per_step, "tokens_per_step": tokens_per_step},
+        finding_params=finding_params,
     )
+
+
+def _finding_params(settings: Mapping[str, str] | None) -> Any:
+    """FindingParams from the ``findings.*`` settings (checked before any trace is read)."""
+    if not any(k.startswith("findings.") for k in settings or {}):
+        return None
+    from nsysan.findings.params import from_settings
+
+    return from_settings(settings)
 
 
 def check_per_step(**values: float | None) -> None:
@@ -208,13 +221,14 @@ def _diagnose(result: AnalysisResult) -> Any:
     findings = _findings_module()
     if findings is None:
         return None
-    return findings.diagnose(result.trace, result.results, **{
+    return findings.diagnose(result.trace, result.results, params=result.finding_params, **{
         k: v for k, v in result.options.items() if v is not None
     })
 
 
 def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
-                  protect: Iterable[str | os.PathLike[str]] | InputPaths | None = None) -> Path:
+                  protect: Iterable[str | os.PathLike[str]] | InputPaths | None = None,
+                  perfetto: bool = False) -> Path:
     """Write every table and report of ``result`` into ``out_dir/<trace_id>/``, atomically.
 
     Files are written into a temporary sibling folder that is swapped into place at the end,
@@ -222,10 +236,11 @@ def write_outputs(result: AnalysisResult, out_dir: str | os.PathLike[str], *,
     replaced only when nsysan wrote it, for the same input, and nothing else is in it; an
     output folder that is, contains or lies inside an input (the trace's, or any of
     ``protect``: every input of a multi-trace run) is refused (`nsysan.errors.OutputError`,
-    nothing touched; see docs/outputs.md).
+    nothing touched; see docs/outputs.md). With ``perfetto``, the folder also gets
+    ``trace.pftrace`` (`nsysan.report.perfetto`).
     """
     folder = _prepare_folder(result.trace, out_dir, protect)
-    return _write_outputs(result, folder, diagnose=False)
+    return _write_outputs(result, folder, diagnose=False, perfetto=perfetto)
 
 
 def _prepare_folder(trace: Trace, out_dir: str | os.PathLike[str],
@@ -241,7 +256,8 @@ def _prepare_folder(trace: Trace, out_dir: str | os.PathLike[str],
                              legacy=ownership.legacy_analysis)
 
 
-def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool) -> Path:
+def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: bool,
+                   perfetto: bool = False) -> Path:
     """`write_outputs` into the prepared ``folder``; with ``diagnose``, the findings are drawn
     (`_diagnose_timed`) while the Parquet tables are written: they need only the pass
     results."""
@@ -269,7 +285,7 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
 
             if diagnose:
                 _diagnose_timed(result)
-            _write_reports(result, tmp, tables_done)
+            _write_reports(result, tmp, tables_done, perfetto)
             tables_done()  # also when no report was written: raise its error
         _forget_streams(result.trace)
         manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
@@ -286,12 +302,12 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
 
 
 def _write_reports(result: AnalysisResult, out_dir: Path,
-                   before_manifest: Callable[[], object]) -> None:
+                   before_manifest: Callable[[], object], perfetto: bool = False) -> None:
     try:
         from nsysan.report.write import write_report
     except ImportError:
         return
-    write_report(out_dir, result, before_manifest=before_manifest)
+    write_report(out_dir, result, before_manifest=before_manifest, perfetto=perfetto)
 
 
 def _forget_streams(trace: Trace) -> None:
@@ -318,10 +334,15 @@ def analyze_to_dir(
     opened, before the passes run: a folder that may not be written costs no analysis. The
     findings are drawn while the Parquet tables are written. ``timings_s`` are times the
     caller measured before (e.g. ``open`` when the trace was opened in the background); they
-    replace those of the analysis in the manifest. ``protect`` is `write_outputs`'; other
-    keywords are `analyze`'s.
+    replace those of the analysis in the manifest. ``protect`` and ``perfetto`` are
+    `write_outputs`'; other keywords are `analyze`'s.
     """
     kwargs.setdefault("hash_inputs", True)
+    perfetto = kwargs.pop("perfetto", False)
+    if perfetto:  # a missing package is said before any work
+        from nsysan.report.perfetto import require
+
+        require()
     findings = kwargs.pop("findings", True)
     t0 = time.perf_counter()
     trace = _open(path_or_trace, kwargs.get("nsys"))
@@ -334,4 +355,4 @@ def analyze_to_dir(
         raise
     result.timings_s["open"] += opened_s
     result.timings_s.update(timings_s or {})
-    return result, _write_outputs(result, folder, diagnose=findings)
+    return result, _write_outputs(result, folder, diagnose=findings, perfetto=perfetto)

@@ -226,3 +226,16 @@ from nsysan.cli_compare import baseline_group, check_cmd, diff_cmd  # noqa: E402
 cli.add_command(diff_cmd)
 cli.add_command(check_cmd)
 cli.add_command(baseline_group)
+
+from nsysan.cli_findings import findings_cmd  # noqa: E402  (own module)
+
+cli.add_command(findings_cmd)
+
+from nsysan.cli_compare import scaling_cmd  # noqa: E402  (own module)
+
+cli.add_command(scaling_cmd)
+
+
+from nsysan.cli_perfetto import perfetto_cmd  # noqa: E402  (command defined in its own module)
+
+cli.add_command(perfetto_cmd)

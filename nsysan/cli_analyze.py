@@ -90,7 +90,9 @@ def _fails(result: Any, fail_on: str | None) -> bool:
               help="Comma-separated passes to run (default: the default passes; "
               "see `nsysan passes`).")
 @click.option("--set", "settings", multiple=True, metavar="PASS.PARAM=VALUE",
-              help="Override a pass parameter, e.g. --set gaps.min_gap_ns=500000 (repeatable).")
+              help="Override a pass parameter or finding threshold, e.g. --set "
+              "gaps.min_gap_ns=500000, --set findings.launch_warn_frac=0.2 (repeatable; "
+              "`nsysan findings` lists the thresholds).")
 @click.option("--fail-on", type=click.Choice(list(SEVERITIES)), default=None,
               help=f"Exit {EXIT_FINDINGS} when a finding at or above this severity exists.")
 @click.option("--samples-per-step", type=FINITE, default=None,
@@ -104,13 +106,16 @@ def _fails(result: Any, fail_on: str | None) -> bool:
 @click.option("--nsys", type=click.Path(path_type=Path), default=None,
               help="The nsys binary used to export .nsys-rep/.qdrep inputs.")
 @click.option("-q", "--quiet", is_flag=True, default=False, help="No progress display.")
+@click.option("--perfetto", is_flag=True, default=False,
+              help="Also write trace.pftrace: the annotated timeline for ui.perfetto.dev "
+              "(needs nsysan[perfetto]).")
 @click.option("--no-cache", is_flag=True, default=False,
               help="Do not read or write the Parquet cache of canonical frames (kept for big "
               "SQLite exports; same as NSYSAN_NO_CACHE=1).")
 def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
                 settings: tuple[str, ...], fail_on: str | None, samples_per_step: float | None,
                 tokens_per_step: float | None, job: bool, rank_map: str | None,
-                nsys: Path | None, quiet: bool, no_cache: bool) -> None:
+                nsys: Path | None, quiet: bool, no_cache: bool, perfetto: bool = False) -> None:
     """Analyze traces: write Parquet tables, findings.md/json, pictures and a manifest.
 
     Prints one summary line per trace. Exit status: 0 ok, 1 an input failed, 2 usage,
@@ -135,7 +140,8 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
         ignored = [opt for opt, given in (("--passes", passes is not None),
                                           ("--set", bool(settings)),
                                           ("--samples-per-step", samples_per_step is not None),
-                                          ("--tokens-per-step", tokens_per_step is not None))
+                                          ("--tokens-per-step", tokens_per_step is not None),
+                                          ("--perfetto", perfetto))
                    if given]
         if ignored:  # the multi-rank analysis runs its own fixed passes
             raise click.UsageError(
@@ -145,6 +151,10 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
         return
     if rank_map:
         raise click.UsageError("--rank-map needs --job")
+    if perfetto:  # a missing package is said once, before any trace is analysed
+        from nsysan.report.perfetto import require
+
+        require()
     check_distinct_ids(traces, out)
     from nsysan.report.ownership import InputPaths
 
@@ -162,7 +172,7 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
                 path if opened is None else opened[0], out, passes=selected, settings=parsed,
                 samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
                 nsys=str(nsys) if nsys else None, protect=protect,
-                timings_s=None if opened is None else {"open": opened[1]})
+                timings_s=None if opened is None else {"open": opened[1]}, perfetto=perfetto)
         except ConfigError:
             raise  # a usage mistake applies to every trace: stop at once
         except NsysanError as exc:

@@ -1,9 +1,10 @@
-"""``nsysan diff``, ``nsysan check`` and ``nsysan baseline``: compare runs, gate CI.
+"""``nsysan diff``, ``check``, ``baseline`` and ``scaling``: compare runs, gate CI.
 
 Thin: parse, call `nsysan.compare`, render. Exit status: 0 ok; 1 error (bad input, invalid
 budget); 2 usage; 3 a budget rule is violated (``check``) or a metric regressed (``diff
 --fail-on-regression``); 4 the comparison is not possible (``check``: a rule not comparable and
-none violated; ``diff --fail-on-regression``: nothing comparable).
+none violated; ``diff --fail-on-regression``: nothing comparable; ``scaling``: the runs are
+not comparable).
 """
 
 from __future__ import annotations
@@ -264,3 +265,87 @@ def baseline_show(name: str, as_json: bool, catalog: str | None, store: Path | N
                f"({ms.info.steps_source or 'none'})")
     for key, value in ms.headline().items():
         click.echo(f"  {key}: {fmt_value(value, units[key])}")
+
+
+@click.command("scaling")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("-o", "--out", "out", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Write scaling.md, scaling.json, scaling*.parquet and "
+              "scaling.png here.")
+@click.option("--weak", is_flag=True, default=False,
+              help="Weak scaling: constant work per GPU (efficiency = step-time ratio).")
+@click.option("--samples-per-step", "samples", type=FINITE, multiple=True,
+              help="Global samples per step of each run, once per RUN in order.")
+@click.option("--tokens-per-step", "tokens", type=FINITE, multiple=True,
+              help="Global tokens per step of each run, once per RUN in order.")
+@click.option("--intra-node-gbps", type=FINITE, default=None,
+              help="Rated per-GPU link bandwidth inside a node (default: nominal NVLink/PCIe "
+              "of the GPU model).")
+@click.option("--inter-node-gbps", type=FINITE, default=None,
+              help="Rated per-GPU network bandwidth between nodes (e.g. 25 for one 200 Gb/s "
+              "NIC per GPU); inter-node bandwidth is not judged without it.")
+@click.option("--confidence", type=FINITE, default=0.95, show_default=True,
+              help="Confidence of the efficiency interval.")
+@click.option("--min-similarity", type=FINITE, default=0.5, show_default=True,
+              help="Compute-kernel-mix similarity below which runs are different workloads.")
+@click.option("--json", "as_json", is_flag=True, help="Print scaling.json instead of a summary.")
+@click.option("--nsys", type=click.Path(path_type=Path), default=None,
+              help="The nsys binary used to export .nsys-rep/.qdrep inputs.")
+def scaling_cmd(runs: tuple[str, ...], out: Path | None, weak: bool, samples: tuple[float, ...],
+                tokens: tuple[float, ...], intra_node_gbps: float | None,
+                inter_node_gbps: float | None, confidence: float, min_similarity: float,
+                as_json: bool, nsys: Path | None) -> None:
+    """Where multi-GPU efficiency goes between scales of one job.
+
+    Each RUN is one job at one scale: a folder of rank profiles, one multi-process profile,
+    profiles joined by commas, or an analyze / batch output folder (its profiles are read
+    again). Give the work per step of every run (--samples-per-step or
+    --tokens-per-step, once per RUN) or --weak. Exit 4 when the runs are not comparable."""
+    from nsysan.compare.scaling import ScalingParams, scaling
+    from nsysan.compare.scaling_measure import LinkParams, expand_run, measure_run
+    from nsysan.compare.scaling_render import (
+        SCALING_FILES,
+        scaling_json,
+        summary_lines,
+        write_scaling,
+    )
+    from nsysan.compare.stats import StatsParams
+    from nsysan.report.targets import check_files
+
+    if len(runs) < 2:
+        raise click.UsageError("give at least two RUNs (one job at each scale)")
+    if samples and tokens:
+        raise click.UsageError("--samples-per-step and --tokens-per-step exclude each other")
+    work = samples or tokens
+    if work and weak:
+        raise click.UsageError("--weak and a work per step exclude each other")
+    if not work and not weak:
+        raise click.UsageError("give --samples-per-step (or --tokens-per-step) once per RUN, "
+                               "or --weak for constant work per GPU")
+    if work and len(work) != len(runs):
+        raise click.UsageError(f"{len(work)} work-per-step values for {len(runs)} RUNs: give "
+                               "one per RUN, in order")
+    link = LinkParams(intra_node_gbps=intra_node_gbps, inter_node_gbps=inter_node_gbps)
+    params = ScalingParams(weak=weak, work_per_step=tuple(work) if work else None,
+                           work_unit="tokens" if tokens else "samples",
+                           stats=StatsParams(confidence=confidence),
+                           min_kernel_mix_similarity=min_similarity, link=link)
+    specs = [expand_run(r) for r in runs]  # an unusable RUN fails now, before any analysis
+    inputs = _input_paths(*(p for r in runs for p in r.split(",")),
+                          *(p for spec in specs for p in spec))
+    if out is not None:
+        check_files(out, SCALING_FILES, kind="scaling", names=SCALING_FILES, inputs=inputs)
+    measured = [measure_run(spec, label=r, link=link, nsys=str(nsys) if nsys else None)
+                for r, spec in zip(runs, specs, strict=True)]
+    res = scaling(measured, params)
+    if out is not None:
+        write_scaling(res, out, inputs=inputs)
+    if as_json:
+        click.echo(scaling_json(res))
+    else:
+        for line in summary_lines(res):
+            click.echo(line)
+        if out is not None:
+            click.echo(f"-> {out / 'scaling.md'}")
+    if not res.comparable:
+        sys.exit(EXIT_NOT_COMPARABLE)

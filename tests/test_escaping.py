@@ -185,8 +185,18 @@ def test_findings_md_is_inert(hostile_out: Path) -> None:
 def test_report_html_escapes(hostile_out: Path) -> None:
     html = (hostile_out / "report.html").read_text()
     assert "alert(1)" in html
-    assert "<script" not in html and "<img" not in html and "<!-- x" not in html
+    # the page's own three script elements (its JSON data, its code, its base64 raw ops) and
+    # no other markup
+    assert html.count("<script") == 3 and html.count("</script") == 3
+    assert "<img" not in html and "<!-- x" not in html
     assert "&lt;script&gt;" in html
+    import json
+    import re
+
+    data = re.search(r"<script type='application/json' id='nsysan-data'>(.*?)</script>",
+                     html, re.S).group(1)
+    assert "<" not in data and ">" not in data and "&" not in data
+    assert any(SUFFIX in s for s in json.loads(data)["strings"])  # names intact once parsed
 
 
 def test_findings_json_keeps_the_names(hostile_out: Path) -> None:

@@ -75,7 +75,8 @@ def test_write_report_hashes_the_inputs_while_drawing(tmp_path: Path, monkeypatc
     monkeypatch.setattr(plots, "device_timelines", spy)
     out = tmp_path / "out"
     write_report(out, tr, res, diagnose(tr, res))
-    assert pending_when_drawn == [True]
+    # (the first binning is the pictures'; report.html bins the devices again, finer)
+    assert pending_when_drawn[:1] == [True]
     import json
 
     doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))

@@ -7,6 +7,7 @@ Every value says where it came from; a value nsysan cannot compute is None with 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,9 +15,19 @@ import polars as pl
 
 from nsysan.findings.context import Context
 from nsysan.findings.evidence import fmt_frac
+from nsysan.passes.base import Finding
 
 VERDICTS = ("compute-bound", "communication-bound", "input-bound", "launch-bound",
-            "undetermined")
+            "undetermined", "insufficient-data")
+
+#: The verdict category of each stall finding: a warning- or critical-level one lowers the
+#: bar for that category to ``verdict_finding_min_share`` and is named in the reason, so the
+#: verdict never contradicts the findings.
+STALL_CATEGORY = {
+    "GPU_STARVATION_PERIODIC": "input", "H2D_NOT_OVERLAPPED": "input",
+    "PAGEABLE_OR_SYNC_COPIES": "input", "HOST_SYNC_IN_STEP": "launch",
+    "LAUNCH_BOUND": "launch", "EXPOSED_COMMUNICATION": "communication",
+}
 
 
 @dataclass(frozen=True)
@@ -65,12 +76,20 @@ def _steps_items(ctx: Context, samples: float | None, tokens: float | None) -> l
     if steps is None:
         why = ("the steps pass did not run" if ctx.table("steps") is None
                else "no step ranges in NVTX and no periodicity detected")
+        seen = ctx.metric("step_periods_seen")
+        if seen and ctx.metric("steps_reason"):  # periods were seen, and refused: say why
+            why = f"{ctx.metric('steps_reason')} (periods seen: {seen})"
         items.append(BaselineItem("step_time_mean_ns", "step time", None, "ns", "steps", why))
     else:
         d = steps["duration_ns"].cast(pl.Float64)
         src = f"steps ({steps['source'][0]}), {steps.height} steady-state steps"
+        note = None
+        if steps["source"][0] == "periodicity":
+            note = (f"a period of {ctx.metric('step_period_kernels')} kernels (periods seen: "
+                    f"{ctx.metric('step_periods_seen')}); a period may be a repeated block "
+                    "rather than an iteration: NVTX step ranges settle it")
         items += [
-            BaselineItem("n_steps", "steady-state steps", steps.height, "count", src),
+            BaselineItem("n_steps", "steady-state steps", steps.height, "count", src, note),
             BaselineItem("step_time_mean_ns", "step time (mean)", float(d.mean()), "ns", src),
             BaselineItem("step_time_p50_ns", "step time (p50)", float(d.quantile(0.5,
                          "nearest")), "ns", src),
@@ -170,14 +189,19 @@ def compute_baseline(ctx: Context, samples_per_step: float | None = None,
     return b
 
 
-def compute_verdict(ctx: Context) -> Verdict:
+def compute_verdict(ctx: Context, findings: Sequence[Finding] = (),
+                    insufficient: str | None = None) -> Verdict:
     """Split steady-state device time into compute / communication / input / launch / other
     and name the bottleneck.
 
     Partition of device time: states with compute → compute; else with nccl → communication;
     else with an H2D copy → input; other busy states → other. Idle: long gaps by cause (input:
     host-side causes; launch: launch calls or host syncs), short gaps (launch: late launch or
-    sync drain) — see `Context.idle_breakdown`; the rest is other."""
+    sync drain) — see `Context.idle_breakdown`; the rest is other.
+
+    ``insufficient`` (the judgement's reason, `nsysan.findings.judgement.insufficient`) makes
+    the verdict ``insufficient-data``; ``findings`` at warning or above name their stall
+    category (`STALL_CATEGORY`)."""
     st = ctx.state_time
     total = ctx.device_time_ns
     if st is None:
@@ -195,7 +219,8 @@ def compute_verdict(ctx: Context) -> Verdict:
     idle = ctx.idle_breakdown
     ns["input"] += idle.get("input", 0) + idle.get("copy", 0)
     ns["launch"] += idle.get("launch", 0) + idle.get("sync", 0)
-    ns["other"] += idle.get("other", 0) + idle.get("unclassified", 0)
+    # start-up idle (STARTUP_COST) is a one-off cost, not a bottleneck of the loop
+    ns["other"] += idle.get("other", 0) + idle.get("unclassified", 0) + idle.get("startup", 0)
     shares = {k: v / total for k, v in ns.items()}
     named = {"communication": "exposed communication", "input": "input / host-side stalls",
              "launch": "launch / host-sync stalls"}
@@ -203,11 +228,20 @@ def compute_verdict(ctx: Context) -> Verdict:
     detail += f", other {fmt_frac(shares['other'])}"
     best = max(named, key=lambda k: shares[k])
     p = ctx.params
-    if shares[best] >= p.verdict_min_share:
+    flagged: dict[str, list[str]] = {}
+    for f in findings:
+        if f.code in STALL_CATEGORY and f.severity in ("warning", "critical"):
+            flagged.setdefault(STALL_CATEGORY[f.code], []).append(f"{f.code} ({f.severity})")
+    if insufficient is not None:
+        return Verdict("insufficient-data", insufficient[0].upper() + insufficient[1:], shares)
+    bar = p.verdict_finding_min_share if best in flagged else p.verdict_min_share
+    if shares[best] >= bar:
         label = {"communication": "communication-bound", "input": "input-bound",
                  "launch": "launch-bound"}[best]
+        why = (f"reported by {', '.join(flagged[best])}" if best in flagged
+               and shares[best] < p.verdict_min_share else f">= {fmt_frac(p.verdict_min_share)}")
         reason = (f"{named[best]} take {fmt_frac(shares[best])} of steady-state device time "
-                  f"(>= {fmt_frac(p.verdict_min_share)}), more than any other stall; compute "
+                  f"({why}), more than any other stall; compute "
                   f"{fmt_frac(shares['compute'])}; {detail}.")
     elif shares["compute"] >= 0.5:
         label = "compute-bound"
@@ -217,4 +251,12 @@ def compute_verdict(ctx: Context) -> Verdict:
         label = "undetermined"
         reason = (f"compute runs only {fmt_frac(shares['compute'])} of device time but no "
                   f"single stall reaches {fmt_frac(p.verdict_min_share)}: {detail}.")
+    named_cat = best if label.startswith(best) else None
+    if named_cat is not None and named_cat not in flagged:
+        reason += (" No finding reports this stall at warning level (the stalls do not recur "
+                   "regularly, or each cause stays under its rule's threshold): the gaps table "
+                   "lists their causes.")
+    also = [c for k, codes in sorted(flagged.items()) if k != named_cat for c in codes]
+    if also:  # smaller stalls that findings report: the verdict says so
+        reason += f" Also reported: {', '.join(also)}."
     return Verdict(label, reason, shares)

@@ -183,7 +183,11 @@ _SPECS = (
         severity_rule=(
             "Median bus bandwidth of collectives of >= 1 MiB (message size from NCCL's NVTX "
             "payload or the nccl pass) below 10 GB/s: warning; below 2 GB/s: critical. Only "
-            "evaluated when message sizes are known."
+            "evaluated when message sizes are known. `nsysan scaling` judges each job on the "
+            "bus bandwidth over the transfer (first end minus last arrival: waiting for late "
+            "ranks excluded) of collectives >= 16 MiB against the rated link (nominal NVLink / "
+            "PCIe of the GPU model inside a node; `--inter-node-gbps` between nodes): below "
+            "50% of it: warning; below 25%: critical."
         ),
         advice=(
             "Compare with `nccl-tests` on the same nodes; check NCCL_DEBUG=INFO for the "
@@ -268,6 +272,31 @@ _SPECS = (
         quick_check="The timeline before the first kernel: which API calls fill it.",
         nothing_found="Start-up is short: the first kernel comes quickly.",
         needs=("gpu_ops", "cuda_api"),
+    ),
+    FindingSpec(
+        code="STARTUP_COST",
+        title="Start-up costs inside the analysed window",
+        layer="runtime_driver",
+        severity_rule=(
+            "Device idle gaps that start-up calls of >= 1 ms cover for at least half their "
+            "length: the first launch of each kernel (CUDA lazy loading / JIT), module or "
+            "library loading, context creation (the first CUDA call of a process), NCCL "
+            "communicator init. info; warning when they idle the device >= 1 s. Such gaps "
+            "count neither as launch-bound nor as starvation, and the verdict counts them as "
+            "other."
+        ),
+        advice=(
+            "Start the capture after warm-up (`nsys profile --delay`, or a capture range with "
+            "`cudaProfilerStart` after the first iterations); run a warm-up iteration before "
+            "timing; `CUDA_MODULE_LOADING=EAGER` moves module loading to start-up; ship "
+            "kernels for the GPU's architecture (SASS, not only PTX) to avoid the JIT."
+        ),
+        quick_check=(
+            "The listed calls (e.g. the first cudaLaunchKernel of a kernel) take milliseconds "
+            "while the later launches of the same kernel take microseconds."
+        ),
+        nothing_found="No start-up call idles the GPU in the analysed window.",
+        needs=("gpu_ops", "cuda_api", "gaps"),
     ),
     FindingSpec(
         code="NVTX_MISSING",
@@ -535,6 +564,9 @@ def render_markdown() -> str:
         "|---|---|---|",
     ]
     lines += [f"| `{s.code}` | {s.layer} | {s.title} |" for s in _SPECS]
+    from nsysan.findings import judgement  # (imports the rule context: not at module load)
+
+    lines += ["", judgement.DOC.rstrip("\n")]
     for layer in LAYERS:
         specs = [s for s in _SPECS if s.layer == layer]
         if not specs:
@@ -547,6 +579,10 @@ def render_markdown() -> str:
                 "",
                 f"- **Layer:** {s.layer}",
                 f"- **Severity:** {s.severity_rule}",
+                *([f"- **Minimum activity:** {judgement.RULE_TEXT}"]
+                  if s.code in judgement.JUDGED else []),
+                *([f"- **Judgement:** {judgement.CODE_TEXT[s.code]}"]
+                  if s.code in judgement.CODE_TEXT else []),
                 f"- **Advice:** {s.advice}",
                 f"- **Quick check:** {s.quick_check}",
                 f"- **When nothing is found:** {s.nothing_found}",

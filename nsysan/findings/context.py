@@ -24,7 +24,7 @@ from functools import cached_property
 import numpy as np
 import polars as pl
 
-from nsysan.findings import streams
+from nsysan.findings import startup, streams
 from nsysan.findings.params import FindingParams
 from nsysan.frames import intervals
 from nsysan.frames.packed_keys import Keys
@@ -190,7 +190,7 @@ class Context:
     @cached_property
     def long_gaps(self) -> pl.DataFrame | None:
         """Device-scope gaps of the gaps pass, >= short_gap_max_ns, starting in the window,
-        with ``category`` (input | copy | sync | launch | other).
+        with ``category`` (input | copy | sync | launch | startup | other).
 
         The category is the cause's (`CAUSE_CATEGORY`), except that a gap the gaps pass could
         only call ``no_cuda_activity`` is ``sync`` (``copy``) when it starts while the host is
@@ -204,11 +204,20 @@ class Context:
         cat = pl.col("cause").replace_strict(CAUSE_CATEGORY, default="other")
         if self.trace.has("gpu_ops") and self.trace.has("cuda_api") and g.height:
             g = self._tag_blocked(g.sort("start_ns"))
+            g = g.with_columns(startup.is_startup(self.startup_calls, g))
             unexplained = pl.col("cause") == "no_cuda_activity"
-            cat = (pl.when(unexplained & pl.col("_in_sync")).then(pl.lit("sync"))
+            # a gap a start-up call covers is a one-off cost, whatever else the host did
+            cat = (pl.when(pl.col("_startup")).then(pl.lit("startup"))
+                   .when(unexplained & pl.col("_in_sync")).then(pl.lit("sync"))
                    .when(unexplained & pl.col("_in_copy")).then(pl.lit("copy")).otherwise(cat))
-            return g.with_columns(cat.alias("category")).drop(["_in_sync", "_in_copy"])
+            return (g.with_columns(cat.alias("category"))
+                    .drop(["_in_sync", "_in_copy", "_startup"]))
         return g.with_columns(cat.alias("category"))
+
+    @cached_property
+    def startup_calls(self) -> pl.DataFrame:
+        """The start-up calls of the trace (`nsysan.findings.startup`). Needs cuda_api."""
+        return startup.startup_calls(self.trace, self.params.startup_min_call_ns)
 
     @cached_property
     def sync_calls(self) -> pl.DataFrame:
@@ -268,8 +277,10 @@ class Context:
         late = pl.col("_api_end").is_not_null() & (pl.col("_api_end") > pl.col("start_ns"))
         kind = (pl.when(pl.col("_in_sync")).then(pl.lit("sync"))
                 .when(pl.col("_in_copy")).then(pl.lit("copy"))
+                .when(late & pl.col("_startup")).then(pl.lit("startup"))
                 .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
-        return (tagged.with_columns(api_end.alias("_api_end"))
+        return (tagged.with_columns(api_end.alias("_api_end"),
+                                    startup.is_startup(self.startup_calls, tagged))
                 .select(["device_id", "start_ns", "end_ns", "duration_ns", kind.alias("kind")]))
 
     def _launch_end(self, gaps: pl.DataFrame) -> pl.Series:
@@ -320,13 +331,14 @@ class Context:
 
     @cached_property
     def idle_breakdown(self) -> dict[str, int]:
-        """Idle ns in the window: input | copy | launch | sync | other | unclassified.
+        """Idle ns in the window: input | copy | launch | sync | startup | other |
+        unclassified.
 
         ``launch``, ``sync`` and ``copy`` come from short gaps and long gaps with those causes;
         ``input`` from long gaps with host-side causes; ``unclassified`` is idle time the
         overlap table shows but no gap class explains (e.g. gaps between short_gap_max_ns and
         the gaps pass threshold)."""
-        out = {"input": 0, "copy": 0, "launch": 0, "sync": 0, "other": 0}
+        out = {"input": 0, "copy": 0, "launch": 0, "sync": 0, "startup": 0, "other": 0}
         if self.long_gaps is not None and not self.long_gaps.is_empty():
             agg = self.long_gaps.group_by("category").agg(pl.col("duration_ns").sum())
             for cat, ns in agg.iter_rows():

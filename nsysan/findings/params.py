@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from nsysan.errors import ConfigError
+
+#: The ``--set`` prefix of finding thresholds (``--set findings.launch_warn_frac=0.2``).
+PREFIX = "findings."
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,31 @@ class FindingParams:
     start_info_ns: int = 5_000_000_000
     start_warn_ns: int = 30_000_000_000
 
+    # --- STARTUP_COST ----------------------------------------------------------------------
+    #: A start-up call (first launch of a kernel, module / library loading, context creation,
+    #: NCCL communicator init) counts when it lasts at least this long.
+    startup_min_call_ns: int = 1_000_000
+    #: STARTUP_COST is info below this much device idle in start-up calls, warning above.
+    startup_warn_ns: int = 1_000_000_000
+
+    # --- judgement: how much activity a severity needs (docs/findings.md) ------------------
+    #: A symptom finding is at most info unless the analysed window holds at least this many
+    #: GPU ops and this much device time, and repeats: judge_warn_min_steps steps, or
+    #: (without steps) judge_warn_min_ops_without_steps ops. Critical also needs
+    #: judge_crit_min_ns of device time and a steady state: judge_crit_min_steps steps, or
+    #: (without steps) judge_crit_min_ops ops.
+    judge_warn_min_ops: int = 20
+    judge_warn_min_ns: int = 5_000_000
+    judge_warn_min_steps: int = 2
+    judge_warn_min_ops_without_steps: int = 100
+    judge_crit_min_ns: int = 20_000_000
+    judge_crit_min_steps: int = 3
+    judge_crit_min_ops: int = 200
+    #: MEMORY_CHURN without steps needs this many allocation calls to be called churn.
+    churn_min_calls_without_steps: int = 10
+    #: With steps, churn needs allocation calls in at least this share of the steady steps.
+    churn_min_step_frac: float = 0.5
+
     # --- CAPTURE_TRUNCATED -----------------------------------------------------------------
     lost_warn_frac: float = 0.01
 
@@ -87,6 +117,9 @@ class FindingParams:
     #: A non-compute bottleneck becomes the verdict when it takes at least this share of
     #: device time (removing it would speed the step up by >= 25%) and more than any other.
     verdict_min_share: float = 0.20
+    #: A stall that a warning- or critical-level finding reports becomes the verdict from this
+    #: share on (when it is the largest stall), so that verdict and findings agree.
+    verdict_finding_min_share: float = 0.10
 
     # --- evidence --------------------------------------------------------------------------
     top_n: int = 5
@@ -100,3 +133,27 @@ class FindingParams:
                 raise ConfigError(f"findings.{f.name} must be >= 0, got {v}")
         if self.top_n < 1:
             raise ConfigError(f"findings.top_n must be >= 1, got {self.top_n}")
+
+
+def from_settings(settings: Mapping[str, str] | None) -> FindingParams:
+    """`FindingParams` with the ``findings.PARAM`` overrides of ``--set`` settings (other keys
+    belong to the passes and are ignored here)."""
+    from nsysan.passes.registry import _coerce  # the same value parsing as pass parameters
+
+    known = {f.name: f for f in fields(FindingParams)}
+    overrides: dict[str, Any] = {}
+    for key, raw in (settings or {}).items():
+        if not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        if name not in known:
+            raise ConfigError(f"--set {key}: no finding threshold {name!r}; see "
+                              "`nsysan findings` for the list")
+        overrides[name] = _coerce(str(raw), known[name].type, f"--set {key}")
+    return FindingParams(**overrides)
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every threshold with its default (for ``nsysan findings``)."""
+    defaults = FindingParams()
+    return [{"name": f.name, "default": getattr(defaults, f.name)} for f in fields(FindingParams)]

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsysan.errors import ConfigError
-from nsysan.findings import rules_capture, rules_host, rules_idle, rules_work
+from nsysan.findings import (
+    judgement,
+    rules_capture,
+    rules_host,
+    rules_idle,
+    rules_startup,
+    rules_work,
+)
 from nsysan.findings.baseline import Baseline, Verdict, compute_baseline, compute_verdict
 from nsysan.findings.catalogue import CATALOGUE
 from nsysan.findings.context import Context, NotEvaluated
@@ -42,6 +49,7 @@ RULES: dict[str, Rule] = {
     "HOST_WAITS_ON_GPU": rules_host.waits_on_gpu,
     "CPU_CONTENTION": rules_host.contention,
     "SLOW_START": rules_work.slow_start,
+    "STARTUP_COST": rules_startup.startup_cost,
     "NVTX_MISSING": rules_capture.nvtx_missing,
     "NVTX_LOW_COVERAGE": rules_capture.nvtx_low_coverage,
     "CAPTURE_MISSING_TABLES": rules_capture.missing_tables,
@@ -159,11 +167,14 @@ def diagnose(
         findings.extend(replace(f, evidence=normalise(f.evidence)) for f in r.findings
                         if f.code not in produced and f.layer in LAYERS
                         and f.severity in SEVERITIES)
+    act = judgement.activity(ctx)
+    findings = judgement.cap(ctx, act, findings)
     findings.sort(key=_sort_key)
     return Diagnosis(
         trace_id=trace.trace_id,
         baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
-        verdict=rules_host.with_host_evidence(compute_verdict(ctx), findings),
+        verdict=rules_host.with_host_evidence(
+            compute_verdict(ctx, findings, judgement.insufficient(ctx, act)), findings),
         findings=findings,
         not_found=not_found,
         unavailable=unavailable,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from nsysan.escape import md_code
@@ -252,10 +253,24 @@ def memory_churn(ctx: Context) -> list[Finding]:
     blocked = int(calls.select((pl.col("end_ns") - pl.col("start_ns")).sum()).item())
     frac = blocked / wlen if wlen else 0.0
     per_step = calls.height / ctx.n_steps if ctx.n_steps else None
-    sustained = per_step is not None and per_step >= 1
-    # Without steps a count says little about "sustained": only the cost can warn.
-    sev = grade(frac, p.churn_warn_frac, p.churn_crit_frac) or (
-        "warning" if sustained and per_step is not None else "info")
+    # Churn is repetition: allocations in most steps, or (without steps) many of them. A
+    # few one-off allocations cost what they cost but are not churn: info at most.
+    if ctx.n_steps:
+        starts = calls["start_ns"].sort().to_numpy()
+        s = ctx.steady_steps
+        lo = np.searchsorted(starts, s["start_ns"].to_numpy(), side="left")
+        hi = np.searchsorted(starts, s["end_ns"].to_numpy(), side="left")
+        steps_hit = int((hi > lo).sum())
+        repeated = steps_hit >= max(2, p.churn_min_step_frac * ctx.n_steps)
+        why = f"allocations in {steps_hit} of {ctx.n_steps} steady-state steps"
+    else:
+        steps_hit = None
+        repeated = calls.height >= p.churn_min_calls_without_steps
+        why = (f"{calls.height} allocation calls and no steps (churn needs >= "
+               f"{p.churn_min_calls_without_steps})")
+    sustained = per_step is not None and per_step >= 1 and repeated
+    sev = (grade(frac, p.churn_warn_frac, p.churn_crit_frac) or (
+        "warning" if sustained else "info")) if repeated else "info"
     by = ranked(calls.group_by("name").agg(
         pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")), "ns", p.top_n)
     offenders = [offender("api", nm, int(ns), "ns", count=k) for nm, k, ns in by.iter_rows()]
@@ -264,8 +279,11 @@ def memory_churn(ctx: Context) -> list[Finding]:
         metric("calls_per_step", "per step", per_step, "per_step"),
         metric("host_blocked_ns", "host time in them", blocked, "ns"),
         metric("host_blocked_frac", "share of the steady window", frac, "frac"),
+        metric("steps_with_allocations", "steady-state steps with allocation calls",
+               steps_hit, "count"),
     ]
-    msg = (f"{calls.height} allocation calls in the steady state"
+    msg = ((f"Not churn ({why}): " if not repeated else "")
+           + f"{calls.height} allocation calls in the steady state"
            + (f" ({per_step:.3g} per step)" if per_step is not None else "")
            + f" cost the host {fmt_ns(blocked)} ({fmt_frac(frac)}); cudaFree-style calls also "
            f"synchronise the device. Top: {md_code(offenders[0]['name'])} "

@@ -25,6 +25,9 @@ Rules (nsys facts from ../research/nsys-sqlite-schema.md §6, choices marked as 
 - a NULL ``end`` (an unterminated range in some exports) becomes the session end
   (``ANALYSIS_DETAILS.duration``); ``unterminated`` is true when the end was NULL or equals the
   session end, which is where nsys 2022.4/2023.4 put ranges that were never closed.
+- ``payload_json``: the event's JSON payload (``jsonText``, else via ``jsonTextId``), else its
+  binary schema-based payload (``binaryData``, 2025+ exports) rendered as the same JSON object
+  by `adapters_nvtx_payload`; null when it has none.
 - nesting (choice): only ranges that start and end on one thread take part (``end_global_tid``
   null; marks do not take part, their depth and parent are null). On each thread, ranges are
   ordered by (start, longer first, range_id); a range's parent is the closest earlier range
@@ -41,6 +44,7 @@ import polars as pl
 from nsysan.frames import schemas
 from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, global_pid_of, pid_of, tid_of
+from nsysan.load.adapters_nvtx_payload import decode_payloads, read_blobs
 from nsysan.load.quality import ABSURD_NS, drop_duplicate_rows, drop_impossible
 
 NVTX_TABLE = "NVTX_EVENTS"
@@ -67,6 +71,11 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         },
     )
     raw = raw.with_columns(pid=pid_of("globalTid"))
+    # 2025+ exports: schema-based binary payloads, decoded to the JSON text of mid-2024 ones
+    blobs = read_blobs(adapter, raw.height)
+    raw = raw.with_columns(
+        decode_payloads(adapter, blobs).alias("blob_json") if blobs is not None
+        else pl.lit(None, dtype=pl.String).alias("blob_json"))
 
     domains = adapter.resolve(
         raw.filter(pl.col("eventType") == DOMAIN_CREATE).select(
@@ -130,7 +139,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         category="category",
         style="style",
         unterminated=~is_mark & (pl.col("end").is_null() | (pl.col("end") == duration)),
-        payload_json=pl.coalesce("jsonText", "json_value"),
+        payload_json=pl.coalesce("jsonText", "json_value", "blob_json"),
     )
     ev = _with_content_ids(ev)
     unnamed = ev["domain"].null_count()

@@ -259,6 +259,21 @@ class SqliteSource:
                 issues.get(c, {}).pop("truncated", None)
         return df
 
+    def read_blobs(self, table: str, column: str, max_bytes: int) -> pl.Series:
+        """``column`` of ``table`` as raw bytes (Binary), in row (rowid) order, as `read`
+        returns rows: nsys declares ``NVTX_EVENTS.binaryData`` TEXT but stores blobs, which
+        `read` (rightly, for a TEXT column) reads as NULL. Values longer than ``max_bytes``
+        and numbers are NULL; the bytes pass as hex text, decoded in polars."""
+        q = _quote(column)
+        if not self._execute(f"SELECT 1 FROM {_quote(table)} WHERE {q} IS NOT NULL LIMIT 1"):
+            # the column exists but holds nothing (e.g. payload schemas without blobs)
+            return pl.Series(column, [None] * self.tables().get(table, 0), dtype=pl.Binary)
+        sql = (f"SELECT CASE WHEN typeof({q}) IN ('blob', 'text') AND "
+               f"length(CAST({q} AS BLOB)) <= {int(max_bytes)} THEN hex({q}) END "
+               f"FROM {_quote(table)}")
+        rows = self._execute(sql)
+        return pl.Series(column, [r[0] for r in rows], dtype=pl.String).str.decode("hex")
+
     def issues(self, table: str) -> dict[str, dict[str, int]]:
         """Values of ``table`` that its reads could not return as stored: per column,
         ``nulled`` (of another type than the column's, read as NULL) and ``truncated`` (cut

@@ -81,6 +81,8 @@ class JobResult:
     findings: list[Finding] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: the steps pass table of every rank process (local time) with ``rank``, ``trace_index``
+    steps: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def tables(self) -> dict[str, pl.DataFrame]:
@@ -345,7 +347,8 @@ def analyze_job(
                                  if not coll.is_empty() else None),
         **fit.summary(), **s_metrics,
     }
-    return JobResult(jid, traces, rank_table, coll, nccl_all, findings, metrics, notes)
+    return JobResult(jid, traces, rank_table, coll, nccl_all, findings, metrics, notes,
+                     steps=steps_all)
 
 
 def _ranks_table(jid: str, ranks: pl.DataFrame, local: list[pl.DataFrame], fit: align.ClockFit,

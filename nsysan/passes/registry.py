@@ -127,6 +127,8 @@ def build_params(
     all_specs = registry()
     for key, raw in (settings or {}).items():
         pass_name, _, field = key.partition(".")
+        if pass_name == "findings" and field:  # finding thresholds: nsysan.findings.params
+            continue
         if not field:
             raise ConfigError(
                 f"--set {key}={raw}: expected PASS.PARAM=VALUE, e.g. gaps.min_gap_ns=500000"

@@ -184,9 +184,13 @@ def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
 
 
 def periodic_steps(
-    ops: pl.DataFrame, params: StepsParams
+    ops: pl.DataFrame, params: StepsParams, notes: dict[str, Any] | None = None
 ) -> tuple[pl.DataFrame, dict[str, Any]] | None:
-    """Steps from the period of the kernel-name sequence of the busiest (pid, device)."""
+    """Steps from the period of the kernel-name sequence of the busiest (pid, device).
+
+    ``notes`` (when given) receives ``step_periods_seen`` (every candidate period) and, when
+    no steps come out, ``steps_reason``."""
+    notes = {} if notes is None else notes
     kern = ops.filter(pl.col("kind") == "kernel")
     if kern.height < 2 * params.min_steps:
         return None
@@ -219,16 +223,17 @@ def periodic_steps(
     diffs = seq.lazy().with_columns(pl.col("i").diff().over("name").alias("d")).filter(
         pl.col("d").is_not_null()
     )
-    per_name = (
+    modal = (  # per name: its most common distance, and whether most distances are that one
         diffs.group_by("name", "d")
         .agg(pl.len().alias("k"))
         .with_columns(pl.col("k").sum().over("name").alias("kd"))
         .sort(["name", "k", "d"], descending=[False, True, False])
         .group_by("name", maintain_order=True)
         .first()
-        .filter((pl.col("kd") + 1 >= params.min_steps) & (pl.col("k") >= 0.8 * pl.col("kd")))
+        .filter(pl.col("k") >= 0.8 * pl.col("kd"))
         .collect()
     )
+    per_name = modal.filter(pl.col("kd") + 1 >= params.min_steps)
     periods = sorted(
         int(d) for d in per_name["d"].unique() if d is not None and n // int(d) >= params.min_steps
     )[:64]
@@ -240,8 +245,26 @@ def periodic_steps(
         period: float((names.head(n - period) == names.tail(n - period)).mean() or 0.0)
         for period in periods
     }
-    period = max(periods, key=lambda p: (match[p], -p))
-    if match[period] < params.min_period_match:
+    notes["step_periods_seen"] = "; ".join(
+        f"{p} kernels ({n // p}x, match {match[p]:.2f})" for p in periods)
+    consistent = [p for p in periods if match[p] >= params.min_period_match]
+    # Among consistent periods the longest is the iteration (layer blocks repeat inside
+    # it), except a multiple of a shorter one that matches as well: it adds no structure.
+    cands = [p for p in consistent
+             if not any(p % q == 0 and match[q] >= match[p] - 0.01 for q in consistent if q < p)]
+    if not cands:
+        return None
+    period = max(cands)
+    longer = _longer_period(modal, period, n, params.min_steps)
+    if longer is not None:
+        d, k, example = longer
+        notes["step_periods_seen"] += f"; {d} kernels ({n // d}x, fewer than min_steps)"
+        notes["steps_reason"] = (
+            f"the kernel sequence repeats every {period} kernels, but inside a longer period "
+            f"of {d} kernels ({k} kernels such as {example!r} occur once per {d}) that the "
+            f"capture holds only {n // d} times (< min_steps={params.min_steps}): a repeated "
+            "block (e.g. a layer), not an iteration. Capture more iterations or mark them "
+            "with NVTX ranges")
         return None
     anchors = per_name.filter(pl.col("d") == period)["name"]
     anchor_stats = (
@@ -252,6 +275,11 @@ def periodic_steps(
     )
     anchor = anchor_stats["name"][0]
     occ = seq.filter(pl.col("name") == anchor).select("i", "start_ns")
+    if _trivial(seq, int(occ["i"][0]), period):
+        notes["steps_reason"] = (
+            f"the kernel sequence is one kernel ({anchor!r}) repeated back to back: a stream "
+            "of identical kernels has no step structure")
+        return None
     # End of every potential step: the end of the L-th kernel from its anchor occurrence.
     ends_at = seq.select(pl.col("i") - (period - 1), pl.col("end_ns").cum_max().alias("_le"))
     steps = (
@@ -270,3 +298,30 @@ def periodic_steps(
         "steps_device_id": int(dev),
     }
     return steps, info
+
+
+def _trivial(seq: pl.DataFrame, first: int, period: int) -> bool:
+    """Whether a period's unit is a trivially repeating one: one kernel name whose
+    repetitions follow each other with nothing between them (>= 90% of the sequence's span
+    is that kernel running). One kernel between copies or host work (an MPI halo exchange)
+    is an iteration."""
+    if seq["name"].slice(first, period).n_unique() > 1:
+        return False
+    span = int(seq["end_ns"].max()) - int(seq["start_ns"].min())
+    busy = int((seq["end_ns"] - seq["start_ns"]).sum())
+    return span > 0 and busy >= 0.9 * span
+
+
+def _longer_period(modal: pl.DataFrame, period: int, n: int,
+                   min_steps: int) -> tuple[int, int, str] | None:
+    """``(distance, names, example)`` when at least two kernel names recur at one distance
+    longer than ``period`` (and not a multiple of it) that the sequence holds fewer than
+    ``min_steps`` times: the period is a block nested in a longer iteration."""
+    long = (modal.filter((pl.col("d") > period) & (pl.col("d") % period != 0)
+                         & (pl.lit(n) // pl.col("d") < min_steps))
+            .group_by("d").agg(pl.len().alias("names"), pl.col("name").min().alias("ex"))
+            .filter(pl.col("names") >= 2)
+            .sort(["names", "d"], descending=[True, False]))
+    if long.is_empty():
+        return None
+    return int(long["d"][0]), int(long["names"][0]), str(long["ex"][0])

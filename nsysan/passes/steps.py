@@ -16,9 +16,18 @@ Where steps come from, in order:
 2. **Periodicity** of the kernel sequence, when no NVTX range matches: take the kernels of the
    busiest (process, device) in start order. For every kernel name with at least
    `min_steps` occurrences, the modal distance (in kernels) between consecutive occurrences is a
-   candidate period L when at least 80% of its distances equal it. The period is the candidate
-   for which ``name[i] == name[i + L]`` holds for the largest share of kernels (ties: the
-   smallest L), provided that share is >= `min_period_match`. The step anchor is the kernel name
+   candidate period L when at least 80% of its distances equal it and the sequence holds it
+   at least `min_steps` times. A candidate is *consistent* when ``name[i] == name[i + L]``
+   holds for a share >= `min_period_match` of kernels. The period is the **longest**
+   consistent candidate (layer blocks repeat inside iterations), except one that is a
+   multiple of a shorter consistent candidate matching as well (within 0.01): it adds no
+   structure. No steps come out (``steps_reason`` says why) when the period's unit is
+   trivial (one kernel name repeated back to back, >= 90% of the span busy with it: a stream
+   of identical kernels has no steps), or when at least two kernel names recur once per a
+   longer distance D (not a multiple of L) that the capture holds fewer than `min_steps`
+   times: L is then a block inside an iteration of D kernels, not an iteration.
+   ``metrics["step_periods_seen"]`` lists every candidate with its repetitions and match.
+   The step anchor is the kernel name
    with that modal distance which follows the longest mean idle time on the device (iterations
    usually begin after the host prepared the next batch). Steps are
    ``[occurrence k start, occurrence k+1 start)``; the last occurrence makes a step only when L
@@ -287,10 +296,16 @@ def run(trace: Trace, params: StepsParams, results: Results) -> PassResult:
     elif params.range_name is not None:
         metrics["steps_reason"] = f"no NVTX range matches range_name {params.range_name!r}"
     elif params.periodicity:
+        notes: dict[str, Any] = {}
         per = periodic_steps(
-            ops.select("kind", "name", "pid", "device_id", "start_ns", "end_ns").collect(), params
+            ops.select("kind", "name", "pid", "device_id", "start_ns", "end_ns").collect(), params,
+            notes,
         )
-        if per is not None:
+        if "step_periods_seen" in notes:
+            metrics["step_periods_seen"] = notes["step_periods_seen"]
+        if per is None and "steps_reason" in notes:
+            metrics["steps_reason"] = notes["steps_reason"]
+        elif per is not None:
             windows, info = per
             source = "periodicity"
             metrics.update(info)

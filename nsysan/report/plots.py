@@ -291,38 +291,19 @@ def _svg_layers(layers: pl.DataFrame, top: int = 20, width: int = 700) -> str:
 
 
 def report_html(path: Path, diagnosis: Any, trace: Trace, timelines: list[DeviceTimeline],
-                layers: pl.DataFrame | None) -> Path:
-    esc = html.escape
-    v = diagnosis.verdict
-    parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>nsysan — {esc(trace.trace_id)}</title><style>body{{font-family:sans-serif;"
-        "margin:1.5em;max-width:1200px}}td,th{padding:2px 8px;text-align:left}"
-        ".critical{color:#b71c1c}.warning{color:#e65100}.info{color:#1565c0}"
-        "svg.tl{border:1px solid #ddd}</style></head><body>",
-        f"<h1>nsysan — {esc(trace.trace_id)}</h1>",
-        f"<p><b>Verdict: {esc(v.label)}.</b> {esc(v.reason)}</p><h2>Baseline</h2><table>",
-    ]
-    from nsysan.findings.evidence import fmt_value
+                layers: pl.DataFrame | None,
+                tables: dict[str, pl.DataFrame] | None = None) -> Path:
+    """The interactive page (`nsysan.report.html_page`); the SVG strips are its no-script
+    fallback."""
+    from nsysan.report import html_data, html_page
 
-    for it in diagnosis.baseline.items:
-        dev = f" [device {it.device_id}]" if it.device_id is not None else ""
-        val = fmt_value(it.value, it.unit) if it.value is not None else f"n/a ({it.note})"
-        parts.append(f"<tr><td>{esc(it.label + dev)}</td><td>{esc(val)}</td></tr>")
-    parts.append("</table><h2>Findings</h2><ul>")
-    for f in diagnosis.findings:
-        parts.append(f"<li class='{esc(f.severity)}'><b>[{esc(f.severity)}] {esc(f.title)}</b> "
-                     f"(<code>{esc(f.code)}</code>, {esc(f.layer)}): {esc(f.message)}</li>")
-    if not diagnosis.findings:
-        parts.append("<li>No finding.</li>")
-    parts.append("</ul><h2>Timeline (hover for details)</h2>")
-    for tl in timelines:
-        parts.append(f"<h3>Device {tl.device_id} — busy {fmt_frac(tl.busy_frac)}</h3>"
-                     + _svg_timeline(tl))
-    parts.append("<h2>GPU time per NVTX layer</h2>")
-    if layers is not None and layers.height and diagnosis.attribution_note() is None:
-        parts.append(_svg_layers(layers))
-    else:
-        parts.append(f"<p>{esc(diagnosis.attribution_note() or 'No NVTX layers.')}</p>")
-    parts.append("</body></html>\n")
-    return atomic_write(path, "".join(parts))
+    tables = tables if tables is not None else {}
+    window = timelines[0].window if timelines else None
+    states = device_timelines(trace, tables, window, n_bins=html_data.N_BINS)
+    payload = html_data.timeline_data(trace, tables, states)
+    svgs = [(tl.device_id, fmt_frac(tl.busy_frac), _svg_timeline(tl)) for tl in timelines]
+    with_layers = (layers is not None and layers.height > 0
+                   and diagnosis.attribution_note() is None)
+    text = html_page.render(diagnosis, trace, tables, payload, svgs,
+                            _svg_layers(layers) if with_layers and layers is not None else None)
+    return atomic_write(path, text)

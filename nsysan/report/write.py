@@ -52,12 +52,14 @@ def _unpack(trace_or_result: Any, results: Mapping[str, PassResult] | None, diag
 def write_report(out_dir: str | Path, trace_or_result: Any,
                  results: Mapping[str, PassResult] | None = None, diagnosis: Any = None,
                  manifest_info: ManifestInfo | Mapping[str, Any] | None = None,
-                 before_manifest: Callable[[], object] | None = None) -> list[Path]:
+                 before_manifest: Callable[[], object] | None = None,
+                 perfetto: bool = False) -> list[Path]:
     """Write the reports of one trace into ``out_dir``; returns the paths written.
 
     Call it after the Parquet tables are in ``out_dir`` so that the manifest hashes them too,
     or while they are being written, with ``before_manifest`` waiting for them: it is called
-    just before the manifest lists the directory.
+    just before the manifest lists the directory. With ``perfetto``, the annotated timeline
+    ``trace.pftrace`` is written too (`nsysan.report.perfetto`; needs ``nsysan[perfetto]``).
     """
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -87,7 +89,8 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-png") as pool:
         drawn = [pool.submit(plots.timeline_png, tl, out / name)
                  for tl, (_, name) in zip(timelines, pngs, strict=True)]
-        html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers)
+        html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers,
+                                 tables)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
                             tables.get("overlap"),
                             {k: tables[k] for k in ("host_threads", "host_layers") if k in tables})
@@ -97,6 +100,13 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     written += [*bars, html, md]
     written.append(write_findings_json(out, diagnosis, trace, [p.name for p in written
                                                                if p.suffix != ".md"]))
+    if perfetto:
+        from nsysan.report import jsonout
+        from nsysan.report import perfetto as pftrace
+
+        written.append(pftrace.write_perfetto(
+            out / pftrace.PERFETTO_TRACE, trace, tables,
+            jsonout.findings_document(diagnosis, trace)["findings"]))
     if before_manifest is not None:
         before_manifest()
     timings = dict(info.timings_s)

@@ -73,7 +73,7 @@ def cpu_bound_input(path: str | Path, iterations: int = 12) -> tuple[Path, dict[
     return b.write(Path(path)), {"finding": "HOST_CPU_BOUND", "gap_idle_ns": idle}
 
 
-def gpu_bound_driver_wait(path: str | Path, iterations: int = 10
+def gpu_bound_driver_wait(path: str | Path, iterations: int = 40
                           ) -> tuple[Path, dict[str, Any]]:
     b, gtid = _start()
     stacks = [[("cuEventSynchronize", LIBCUDA)]] * 4 + [
