@@ -11,11 +11,11 @@ consistent. ``ANALYSIS_DETAILS`` is stretched to cover the k copies. Copies are 
 itself (``INSERT ... SELECT``), so 10M kernels take about a minute.
 
 Replicated: CUDA activity (kernels, memcpy, memset, synchronization, CUDA events, runtime API),
-NVTX, OS runtime calls and GPU memory usage events when present: everything nsysan and the
-peers in bench_analyze.py read. CPU sampling (SCHED_EVENTS, COMPOSITE_EVENTS,
-SAMPLING_CALLCHAINS) is left as recorded: no tool here reads it, and copying it would only
-inflate the file. String ids, processes, threads and devices are shared by all copies: the
-same program running k times longer.
+NVTX, OS runtime calls, GPU memory usage events and the host evidence (context switches
+SCHED_EVENTS, CPU samples COMPOSITE_EVENTS with their SAMPLING_CALLCHAINS, linked by ``id``)
+when present: everything nsysan (its host pass included) and the peers in bench_analyze.py
+read. String ids, processes, threads and devices are shared by all copies: the same program
+running k times longer.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ REPLICATED = (
     "NVTX_EVENTS",
     "OSRT_API",
     "CUDA_GPU_MEMORY_USAGE_EVENTS",
+    "SCHED_EVENTS",
+    "COMPOSITE_EVENTS",
+    "SAMPLING_CALLCHAINS",
 )
 TIME_COLUMNS = ("start", "end", "timestamp")
 #: id columns offset per copy; the offset of an id family is max over its tables + 1
@@ -47,6 +50,7 @@ ID_FAMILIES = {
     "rangeId": ("rangeId",),
     "gridId": ("gridId",),
     "eventId": ("eventId",),
+    "id": ("id",),  # COMPOSITE_EVENTS.id <- SAMPLING_CALLCHAINS.id (sample <-> its stack)
 }
 
 

@@ -14,7 +14,7 @@ from nsysan.api import analyze, analyze_to_dir, write_outputs
 from nsysan.load import open_trace
 from nsysan.testing.scenarios import build
 
-PASS_ORDER = ["steps", "gaps", "overlap", "attribution", "kernels", "nccl"]
+PASS_ORDER = ["steps", "gaps", "overlap", "attribution", "kernels", "nccl", "host"]
 
 
 @pytest.fixture(scope="module")

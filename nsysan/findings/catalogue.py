@@ -414,6 +414,84 @@ _SPECS = (
     ),
 )
 
+# Host evidence (the host pass: CPU sampling and context switches; nsysan.findings.rules_host).
+_SPECS += (
+    FindingSpec(
+        code="HOST_CPU_BOUND",
+        title="CPU-bound host: the GPU idles while the launching thread computes",
+        layer="framework",
+        severity_rule=(
+            "Device gaps (>= 1 ms) in which the device's primary launching thread was busy "
+            ">= 80% of the gap (on-CPU share from context switches, else samples x sampling "
+            "period) and >= 50% of its samples there are in framework / data-pipeline modules "
+            "(Python, libtorch, DALI, JPEG/PNG decoding, OpenCV, PIL); at least 3 such gaps "
+            "and 10 samples. warning when they cover >= 5% of steady-state device time, "
+            "critical at >= 20%."
+        ),
+        advice=(
+            "Take the work off the launching thread: more DataLoader workers (processes, not "
+            "threads), move decoding / augmentation to the GPU (DALI GPU operators, nvJPEG), "
+            "prefetch batches, cut Python overhead in the step (torch.compile, CUDA Graphs)."
+        ),
+        quick_check=(
+            "host_gaps.parquet: on_cpu_frac near 1 and framework_samples / "
+            "data_pipeline_samples dominating for the primary launcher; on the timeline, the "
+            "thread's CPU-sampling row is dense during the GPU gaps."
+        ),
+        nothing_found="The launching threads are not busy in framework code while the GPU "
+                      "idles.",
+        needs=("host_threads", "host_gaps"),
+    ),
+    FindingSpec(
+        code="HOST_WAITS_ON_GPU",
+        title="GPU-bound: the host waits in the CUDA driver",
+        layer="runtime_driver",
+        severity_rule=(
+            "info when >= 60% of the CPU samples of the launching thread with the most "
+            "samples (>= 100) are in the CUDA driver (libcuda / libcudart, and OS code such as "
+            "`[vdso]` clock_gettime polled from it or taken during a CUDA API call) while the "
+            "GPU is busy >= 70% of steady-state device time."
+        ),
+        advice=(
+            "The run is GPU-bound: CPU-side tuning (more loader workers, faster Python) will "
+            "not help. Speed up the GPU work itself (mixed precision, Tensor Cores, fused "
+            "kernels, larger batches), or overlap the waits with useful host work."
+        ),
+        quick_check=(
+            "host_threads.parquet: runtime_driver_frac of the launcher; on the timeline, long "
+            "cudaStreamSynchronize / cudaEventSynchronize calls with the GPU busy underneath."
+        ),
+        nothing_found="The launching threads do not mostly wait in the driver.",
+        needs=("host_threads", "overlap"),
+    ),
+    FindingSpec(
+        code="CPU_CONTENTION",
+        title="CPU contention: the launching thread is descheduled while the GPU idles",
+        layer="hardware",
+        severity_rule=(
+            "Device gaps in which the primary launching thread was off-CPU without blocking "
+            "for >= 50% of the gap (switched out while still running, where the export "
+            "records thread states at switches; otherwise off-CPU time not covered by an "
+            "OS-runtime or "
+            "CUDA synchronization call, which needs `--trace=osrt`); at least 3 such gaps. "
+            "warning when that time is >= 5% of steady-state device time, critical at >= 20%."
+        ),
+        advice=(
+            "Give the launching and communication threads their own cores: bind processes to "
+            "CPUs (`mpirun --bind-to core`, `srun --cpu-bind=cores`, `taskset`, `numactl`), "
+            "limit intra-op / loader thread counts (OMP_NUM_THREADS, torch.set_num_threads, "
+            "num_workers) to the cores available."
+        ),
+        quick_check=(
+            "host_gaps.parquet: unblocked_off_cpu_ns of the primary launcher; on the timeline, "
+            "the thread's row is empty (not running) during GPU gaps while other threads run "
+            "on its CPUs."
+        ),
+        nothing_found="The launching threads are not descheduled while the GPU idles.",
+        needs=("host_threads", "host_gaps"),
+    ),
+)
+
 # Job-level findings (several rank profiles at once), emitted by nsysan.multirank.
 _SPECS += (
     FindingSpec(

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsysan.errors import ConfigError
-from nsysan.findings import judgement, rules_capture, rules_idle, rules_startup, rules_work
+from nsysan.findings import (
+    judgement,
+    rules_capture,
+    rules_host,
+    rules_idle,
+    rules_startup,
+    rules_work,
+)
 from nsysan.findings.baseline import Baseline, Verdict, compute_baseline, compute_verdict
 from nsysan.findings.catalogue import CATALOGUE
 from nsysan.findings.context import Context, NotEvaluated
@@ -38,6 +45,10 @@ RULES: dict[str, Rule] = {
     "NO_TENSOR_CORES": rules_work.no_tensor_cores,
     "DOMINANT_LAYER": rules_work.dominant_layer,
     "MEMORY_CHURN": rules_work.memory_churn,
+    # host evidence: only when the host pass ran (see OPTIONAL_RULES)
+    "HOST_CPU_BOUND": rules_host.cpu_bound,
+    "HOST_WAITS_ON_GPU": rules_host.waits_on_gpu,
+    "CPU_CONTENTION": rules_host.contention,
     "SLOW_START": rules_work.slow_start,
     "STARTUP_COST": rules_startup.startup_cost,
     "NVTX_MISSING": rules_capture.nvtx_missing,
@@ -49,6 +60,11 @@ RULES: dict[str, Rule] = {
     # last: it reads the data-quality counts of every frame the rules before it loaded
     "CAPTURE_DATA_QUALITY": rules_capture.data_quality,
 }
+
+
+#: code -> the pass whose results it reads: the rule runs only when that pass was selected
+#: (analyses without it keep exactly their findings, "not evaluated" list included)
+OPTIONAL_RULES: dict[str, str] = {code: "host" for code in rules_host.HOST_CODES}
 
 
 @dataclass
@@ -138,6 +154,8 @@ def diagnose(
         unavailable: list[str] = []
         reasons: dict[str, str] = {}
         for code, rule in RULES.items():
+            if code in OPTIONAL_RULES and OPTIONAL_RULES[code] not in results:
+                continue
             try:
                 out = rule(ctx)
             except NotEvaluated as exc:
@@ -159,7 +177,8 @@ def diagnose(
         return Diagnosis(
             trace_id=trace.trace_id,
             baseline=compute_baseline(ctx, samples_per_step, tokens_per_step),
-            verdict=compute_verdict(ctx, findings, judgement.insufficient(ctx, act)),
+            verdict=rules_host.with_host_evidence(
+                compute_verdict(ctx, findings, judgement.insufficient(ctx, act)), findings),
             findings=findings,
             not_found=not_found,
             unavailable=unavailable,

@@ -203,6 +203,54 @@ THREADS = pl.Schema(
 
 META = pl.Schema({"trace_id": STR, "key": STR, "value": STR})
 
+# Host evidence (issue 18): optional frames, read only when a pass asks for them (they are
+# large); not in CANONICAL, so nothing that loads "every frame" pays for them.
+SCHED = pl.Schema(
+    {
+        "trace_id": STR,
+        "global_tid": I64,
+        "pid": I64,
+        "tid": I64,
+        "cpu": I64,  # the CPU of the switch-in
+        "start_ns": I64,  # switch-in (or the session start when the thread ran already)
+        "end_ns": I64,  # switch-out (or the session end when it never switched out)
+        "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
+        "open_end": BOOL,  # no switch-out after the last switch-in: closed at session end
+        "out_state": STR,  # thread state at the switch-out, where the export has it
+    }
+)
+CPU_SAMPLES = pl.Schema(
+    {
+        "trace_id": STR,
+        "sample_id": I64,  # COMPOSITE_EVENTS.id: joins cpu_stacks
+        "time_ns": I64,
+        "global_tid": I64,
+        "pid": I64,
+        "tid": I64,
+        "cpu": I64,
+        "thread_state": STR,  # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...)
+        "leaf_symbol": STR,  # stack depth 0
+        "leaf_module": STR,
+        "n_frames": I64,
+    }
+)
+CPU_STACKS = pl.Schema(
+    {
+        "trace_id": STR,
+        "sample_id": I64,
+        "depth": I64,  # 0 = leaf
+        "symbol": STR,
+        "module": STR,
+        "kernel_mode": BOOL,
+    }
+)
+#: optional frames (`Trace.frame` builds them on demand like the canonical ones)
+HOST_EVIDENCE: dict[str, pl.Schema] = {
+    "sched": SCHED,
+    "cpu_samples": CPU_SAMPLES,
+    "cpu_stacks": CPU_STACKS,
+}
+
 CANONICAL: dict[str, pl.Schema] = {
     "gpu_ops": GPU_OPS,
     "cuda_api": CUDA_API,

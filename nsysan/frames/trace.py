@@ -85,7 +85,7 @@ class Trace:
         return self.meta.trace_id
 
     def frame(self, name: str) -> pl.DataFrame:
-        if name not in schemas.CANONICAL:
+        if name not in schemas.CANONICAL and name not in schemas.HOST_EVIDENCE:
             raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
         frame = self._frames.get(name)
         if frame is not None:
@@ -108,7 +108,8 @@ class Trace:
         """
         with self._locks_guard:  # a frame is queued once, however often prefetch is called
             todo = deque(n for n in dict.fromkeys(names)
-                         if n in schemas.CANONICAL and n not in self._frames
+                         if (n in schemas.CANONICAL or n in schemas.HOST_EVIDENCE)
+                         and n not in self._frames
                          and n not in self._queued)
             self._queued.update(todo)
 
@@ -199,6 +200,14 @@ class Trace:
                 conformed[name] = schemas.empty(schema)
                 if name != "meta":
                     missing[name] = "not provided"
+        for name, schema in schemas.HOST_EVIDENCE.items():  # optional: never "missing"
+            df = frames.get(name)
+            if df is None:
+                conformed[name] = schemas.empty(schema)
+                continue
+            if "trace_id" not in df.columns:
+                df = df.with_columns(pl.lit(trace_id).alias("trace_id"))
+            conformed[name] = schemas.conform(df, schema)
         path = meta_fields.pop("path", Path(trace_id))
         meta = TraceMeta(
             trace_id=trace_id,

@@ -90,6 +90,10 @@ QUALITY_TABLES: dict[str, tuple[str, ...]] = {
     "gpus": (*FRAME_SOURCES["gpus"][0], "TARGET_INFO_CUDA_GPU"),
     "meta": ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE", "ANALYSIS_DETAILS",
              "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"),
+    # host evidence (optional frames, `schemas.HOST_EVIDENCE`)
+    "sched": ("SCHED_EVENTS",),
+    "cpu_samples": ("COMPOSITE_EVENTS",),
+    "cpu_stacks": ("SAMPLING_CALLCHAINS",),
 }
 
 LAZY_HINT = "a lazy export also omits a table when nothing of that kind was recorded"
@@ -398,13 +402,17 @@ class Adapter:
             "processes": ("adapters_info", "build_processes"),
             "threads": ("adapters_info", "build_threads"),
             "meta": ("adapters_info", "build_meta"),
+            "sched": ("adapters_sched", "build_sched"),
+            "cpu_samples": ("adapters_samples", "build_cpu_samples"),
+            "cpu_stacks": ("adapters_samples", "build_cpu_stacks"),
         }
         # Imported on first use: those modules build on this one, and importing
         # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
         module, name = builders[frame]
         builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
         df = builder(self)
-        df = df if df is not None else schemas.empty(schemas.CANONICAL[frame])
+        schema = schemas.CANONICAL.get(frame) or schemas.HOST_EVIDENCE[frame]
+        df = df if df is not None else schemas.empty(schema)
         self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
                      df.height)
         return df

@@ -189,11 +189,57 @@ def _steps(steps: pl.DataFrame | None, overlap: pl.DataFrame | None) -> list[str
     return lines
 
 
+def _host(host: Mapping[str, pl.DataFrame] | None) -> list[str]:
+    """Host threads (the host pass): the launching threads' sample layers, per step when steps
+    are known (the thread with the most samples)."""
+    threads = (host or {}).get("host_threads")
+    per_layer = (host or {}).get("host_layers")
+    if threads is None or per_layer is None or threads.is_empty():
+        return []
+    launchers = threads.filter((pl.col("role") == "launcher") & (pl.col("n_samples") > 0))
+    if launchers.is_empty():
+        return []
+    layer_cols = [c for c in threads.columns if c.endswith("_frac")]
+    lines = ["## Host threads (CPU sampling)", "",
+             "| thread | on-CPU | switches | migrations | samples | top layers |",
+             "|---|---|---|---|---|---|"]
+    top = launchers.sort(["n_samples", "global_tid"], descending=[True, False])
+    for r in top.head(_MAX_STEP_ROWS).iter_rows(named=True):
+        shares = sorted(((r[c] or 0.0, c[:-5]) for c in layer_cols), reverse=True)
+        best = ", ".join(f"{name} {fmt_frac(v)}" for v, name in shares[:3] if v > 0)
+        who = md_text(r["name"] or "?") + f" (tid {r['tid']})"
+        lines.append(f"| {who} | {fmt_ns(r['on_cpu_ns'])} | {r['n_switches']} | "
+                     f"{r['n_migrations']} | {r['n_samples']} | {best} |")
+    lines.append("")
+    main = top.row(0, named=True)
+    steps = per_layer.filter((pl.col("global_tid") == main["global_tid"])
+                             & pl.col("step").is_not_null())
+    if not steps.is_empty():
+        wide = (steps.pivot(on="layer", index="step", values="frac", aggregate_function="sum")
+                .sort("step"))
+        order = [c for c in threads.columns if c.endswith("_frac")]  # host layer order
+        shown = sorted((c for c in wide.columns if c != "step"),
+                       key=lambda c: order.index(f"{c}_frac") if f"{c}_frac" in order else 99)
+        wide = wide.with_columns(pl.col(shown).fill_null(0.0))
+        counts = steps.group_by("step").agg(pl.col("n_samples").sum())
+        wide = wide.join(counts, on="step").sort("step").head(_MAX_STEP_ROWS)
+        lines += [f"Per step, the samples of {md_text(main['name'] or '?')} (tid "
+                  f"{main['tid']}) by layer:", "",
+                  "| step | samples | " + " | ".join(shown) + " |",
+                  "|---|---|" + "---|" * len(shown)]
+        for r in wide.iter_rows(named=True):
+            lines.append(f"| {r['step']} | {r['n_samples']} | "
+                         + " | ".join(fmt_frac(r[c]) for c in shown) + " |")
+        lines.append("")
+    return lines
+
+
 def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = None,
                     images: Mapping[str, str] | None = None,
                     timelines: Sequence[tuple[int, str]] = (),
                     steps: pl.DataFrame | None = None,
-                    overlap: pl.DataFrame | None = None) -> str:
+                    overlap: pl.DataFrame | None = None,
+                    host: Mapping[str, pl.DataFrame] | None = None) -> str:
     """The findings.md text. ``images`` maps ``layers_png`` / ``html`` to file names next to
     it; ``timelines`` lists ``(device_id, png name)``."""
     images = dict(images or {})
@@ -218,6 +264,7 @@ def render_markdown(diagnosis: Any, trace: Trace, layers: pl.DataFrame | None = 
     else:
         lines += ["No finding: nothing in this profile blocks the GPU beyond the thresholds.", ""]
     lines += _steps(steps, overlap)
+    lines += _host(host)
     lines += _layers(diagnosis, layers, images)
     if timelines or "html" in images:
         lines += ["## Timeline", ""]
@@ -244,6 +291,7 @@ def write_markdown(out_dir: Path, diagnosis: Any, trace: Trace,
                    layers: pl.DataFrame | None = None, images: Mapping[str, str] | None = None,
                    timelines: Sequence[tuple[int, str]] = (),
                    steps: pl.DataFrame | None = None,
-                   overlap: pl.DataFrame | None = None) -> Path:
-    text = render_markdown(diagnosis, trace, layers, images, timelines, steps, overlap)
+                   overlap: pl.DataFrame | None = None,
+                   host: Mapping[str, pl.DataFrame] | None = None) -> Path:
+    text = render_markdown(diagnosis, trace, layers, images, timelines, steps, overlap, host)
     return atomic_write(Path(out_dir) / FINDINGS_MD, text)

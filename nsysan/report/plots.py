@@ -139,6 +139,7 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
             lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
                                             - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
+        lanes.update(_host_lanes(trace, tables, edges))
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
                                  "cause_detail": pl.String})
@@ -147,6 +148,35 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                  .sort(["duration_ns", "start_ns"], descending=[True, False]).head(MAX_GAPS)
                  .select(g.columns).sort("start_ns"))
         out.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
+    return out
+
+
+MAX_HOST_LANES = 3  # launching threads drawn (most samples first)
+_LAYER_ABBR = {"runtime_driver": "drv", "data_pipeline": "data", "framework": "fw",
+               "communication": "comm", "operator_library": "ops", "os": "os",
+               "profiler": "prof", "unknown": "?"}
+
+
+def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame], edges: np.ndarray
+                ) -> dict[str, np.ndarray]:
+    """One lane per launching thread (host pass): its on-CPU share per bin, labelled with its
+    thread id and the layer most of its samples are in (abbreviated)."""
+    threads = tables.get("host_threads")
+    if threads is None or threads.is_empty() or not trace.meta.tables.get("SCHED_EVENTS"):
+        return {}
+    launchers = (threads.filter((pl.col("role") == "launcher") & pl.col("on_cpu_ns").is_not_null())
+                 .sort(["n_samples", "global_tid"], descending=[True, False])
+                 .head(MAX_HOST_LANES))
+    if launchers.is_empty():
+        return {}
+    sched = trace.frame("sched").filter(
+        pl.col("global_tid").is_in(launchers["global_tid"].implode())).sort("start_ns")
+    out = {}
+    for r in launchers.iter_rows(named=True):  # at most MAX_HOST_LANES
+        mine = sched.filter(pl.col("global_tid") == r["global_tid"])
+        # short: the lane labels share a narrow margin ("host 4242 drv": tid, top layer)
+        label = f"host {r['tid']} {_LAYER_ABBR.get(r['top_layer'] or '', '')}".strip()
+        out[label] = _coverage(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), edges)
     return out
 
 

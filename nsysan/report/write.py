@@ -97,7 +97,8 @@ def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassRe
         html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers,
                                  tables)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
-                            tables.get("overlap"))
+                            tables.get("overlap"),
+                            {k: tables[k] for k in ("host_threads", "host_layers") if k in tables})
         bars = ([plots.layers_png(layers, out / "layers.png")]
                 if with_layers and layers is not None else [])
         written += [f.result() for f in drawn]

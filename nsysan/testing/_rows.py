@@ -90,6 +90,7 @@ def materialize(b: TraceBuilder, layout: str, filename: str, lazy: bool) -> dict
         for e in sorted(b.overhead, key=lambda e: e.start_ns)
     ]
     rows["OSRT_API"] = _osrt(b, duration)
+    rows.update(_host_evidence(b))
     rows["ThreadNames"] = [
         {
             "nameId": b.string_id(name),
@@ -461,3 +462,23 @@ def _export_meta(
         "META_DATA_CAPTURE": [{"name": n, "value": v} for n, v in capture],
         "META_DATA_EXPORT": [{"name": n, "value": v} for n, v in pairs],
     }
+
+
+def _host_evidence(b: TraceBuilder) -> dict[str, list[Row]]:
+    """SCHED_EVENTS, COMPOSITE_EVENTS and SAMPLING_CALLCHAINS rows (time order; sample ids
+    numbered in that order from 1, as nsys does)."""
+    sched = []
+    for gtid, cpu, start, end in b.sched:
+        sched.append({"start": start, "cpu": cpu, "isSchedIn": 1, "globalTid": gtid})
+        sched.append({"start": end, "cpu": cpu, "isSchedIn": 0, "globalTid": gtid})
+    sched.sort(key=lambda r: (r["start"], r["isSchedIn"], r["globalTid"]))
+    events, chains = [], []
+    for i, (gtid, t, cpu, stack, state) in enumerate(
+        sorted(b.samples, key=lambda s: (s[1], s[0])), start=1
+    ):
+        events.append({"id": i, "start": t, "cpu": cpu, "threadState": state,
+                       "globalTid": gtid, "cpuCycles": 1})
+        for depth, (symbol, module) in enumerate(stack):
+            chains.append({"id": i, "symbol": b.string_id(symbol), "module": b.string_id(module),
+                           "kernelMode": int(module == "[kernel.kallsyms]"), "stackDepth": depth})
+    return {"SCHED_EVENTS": sched, "COMPOSITE_EVENTS": events, "SAMPLING_CALLCHAINS": chains}

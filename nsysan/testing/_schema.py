@@ -75,6 +75,20 @@ _COLUMNS_2022_4: dict[str, str] = {
         "INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, nestingLevel "
         "INTEGER, callchainId INTEGER NOT NULL"
     ),
+    "SCHED_EVENTS": (
+        "start INTEGER NOT NULL, cpu INTEGER NOT NULL, isSchedIn INTEGER NOT NULL, globalTid "
+        "INTEGER"
+    ),
+    "COMPOSITE_EVENTS": (
+        "id INTEGER NOT NULL PRIMARY KEY, start INTEGER NOT NULL, cpu INTEGER, threadState "
+        "INTEGER, globalTid INTEGER, cpuCycles INTEGER NOT NULL"
+    ),
+    "SAMPLING_CALLCHAINS": (
+        "id INTEGER NOT NULL, symbol INTEGER NOT NULL, module INTEGER NOT NULL, kernelMode "
+        "INTEGER, thumbCode INTEGER, unresolved INTEGER, specialEntry INTEGER, originalIP "
+        "INTEGER, unwindMethod INTEGER, stackDepth INTEGER NOT NULL, PRIMARY KEY "
+        "(id,stackDepth)"
+    ),
     "ThreadNames": ("nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER"),
     "TARGET_INFO_GPU": (
         "vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, busLocation TEXT, isDiscrete "
@@ -146,6 +160,7 @@ _COLUMNS_2023_4: dict[str, str] = {
     ),
     "PROFILER_OVERHEAD": _COLUMNS_2022_4["PROFILER_OVERHEAD"],
     "OSRT_API": _COLUMNS_2022_4["OSRT_API"],
+    **{t: _COLUMNS_2022_4[t] for t in ("SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS")},
     "ThreadNames": _COLUMNS_2022_4["ThreadNames"],
     "TARGET_INFO_GPU": _COLUMNS_2022_4["TARGET_INFO_GPU"],
     "TARGET_INFO_CUDA_CONTEXT_INFO": (

@@ -83,6 +83,10 @@ class TraceBuilder:
         self.osrt: list[HostEvent] = []
         self.overhead: list[HostEvent] = []
         self.syncs: list[SyncEvent] = []
+        #: host evidence: on-CPU intervals (gtid, cpu, start, end) and CPU samples
+        #: (gtid, time, cpu, stack as (symbol, module) leaf first, thread state)
+        self.sched: list[tuple[int, int, int, int]] = []
+        self.samples: list[tuple[int, int, int, tuple[tuple[str, str], ...], int]] = []
         self._strings: dict[str, int] = {}
         self._next_graph_node = 1
         for s in ("[Unknown]", "[kernel.kallsyms]", "[Max depth]"):  # ids 0-2 as in nsys
@@ -402,6 +406,28 @@ class TraceBuilder:
         self._intern(name)
         return ev
 
+    def add_on_cpu(self, gtid: int, start_ns: int, end_ns: int, cpu: int = 0) -> None:
+        """Thread ``gtid`` ran on ``cpu`` during [start, end): a switch-in and a switch-out
+        row of SCHED_EVENTS (what ``--cpuctxsw`` records)."""
+        _check_interval("on-CPU interval", start_ns, end_ns)
+        self._process(self._pid_of(gtid))
+        self.sched.append((gtid, cpu, start_ns, end_ns))
+
+    def add_sample(
+        self, gtid: int, time_ns: int, stack: list[tuple[str, str]], *, cpu: int = 0,
+        state: int = 1,
+    ) -> None:
+        """A CPU IP/backtrace sample of thread ``gtid``: ``stack`` is (symbol, module) pairs,
+        leaf first (COMPOSITE_EVENTS + SAMPLING_CALLCHAINS rows); ``state`` is nsys' thread
+        state number (1 = running)."""
+        if time_ns < 0:
+            raise ConfigError(f"sample at {time_ns} ns lies before the session")
+        self._process(self._pid_of(gtid))
+        for symbol, module in stack:
+            self._intern(symbol)
+            self._intern(module)
+        self.samples.append((gtid, time_ns, cpu, tuple(stack), state))
+
     # -- derived ----------------------------------------------------------------------------
     @property
     def duration_ns(self) -> int:
@@ -410,6 +436,7 @@ class TraceBuilder:
         ends += [a.end_ns for a in self.apis] + [o.end_ns for o in self.ops]
         ends += [e.end_ns if e.end_ns is not None else e.start_ns for e in self.nvtx]
         ends += [e.end_ns for e in self.osrt] + [e.end_ns for e in self.overhead]
+        ends += [e for *_, e in self.sched] + [t for _, t, *_ in self.samples]
         return max(ends) + self.tail_ns
 
     def assign_correlation_ids(self) -> None:

@@ -1,0 +1,157 @@
+"""Which stack layer does a CPU sample's code belong to? A versioned module taxonomy.
+
+nsys' CPU sampling names the module (shared object or executable path) of every frame of a
+sample's call stack. nsysan maps the module's *file name* (the part after the last ``/``,
+lower-cased) to a host layer; a module no rule matches is ``unknown`` (never guessed).
+
+Host layers (`HOST_LAYERS`), and the stack layer (`nsysan.passes.base.LAYERS`) each counts in:
+
+- ``runtime_driver``: the CUDA driver and runtime (``libcuda``, ``libcudart``, ``libnvrtc``);
+- ``communication``: NCCL, MPI and their transports (``libnccl*``, ``libmpi*``, ``libucp``/
+  ``libucs``/``libuct``, ``libfabric``, ``libibverbs``, ``libmlx5``, Open MPI's ``libopen-pal``/
+  ``libopen-rte``/``mca_*``, ``libpmix``);
+- ``operator_library``: ``libcudnn*``, ``libcublas*``, ``libcufft``, ``libcurand``,
+  ``libcusparse``, ``libcusolver``, ``libnvinfer`` (TensorRT);
+- ``data_pipeline`` (framework layer, input): ``libdali*``, ``libnvjpeg``, ``libjpeg*``/
+  ``libturbojpeg``, ``libpng*``, ``libwebp``, ``libtiff``, OpenCV (``cv2*``, ``libopencv*``),
+  Pillow (``_imaging*`` and anything under a ``/PIL/`` directory), anything under
+  ``/nvidia/dali/`` (DALI's Python bindings), ``libav*`` (ffmpeg);
+- ``framework``: ``libtorch*``, ``libc10*``, ``libpython*``, the ``python3.x`` interpreter,
+  ``libtensorflow*``/``_pywrap_tensorflow*``, ``libjax*``/``xla_extension*``/``jaxlib``,
+  NumPy (``_multiarray_umath*``), anything under ``site-packages/numpy/`` or ``/torch/``;
+- ``os``: the C library and loader (``libc``, ``libpthread``, ``libm``, ``librt``, ``libdl``,
+  ``ld-linux*``/``ld-2.*``), the C++ and compiler runtimes (``libstdc++``, ``libgcc_s``),
+  ``[kernel.kallsyms]`` and ``[vdso]`` (where ``clock_gettime`` lives);
+- ``profiler``: nsys' own code in the profiled process (``libToolsInjection*``, ``libcupti*``,
+  ``libnvtx*`` injection, anything under an ``NsightSystems`` / ``nsight-systems``
+  directory). nsys' own threads (``[NSys]``, ``[NSys Comms]``, ``CUPTI worker thread``) are
+  profiler threads whatever they run (`PROFILER_THREAD_PATTERN`).
+
+**A sample's layer** is its leaf frame's, except that OS code runs on behalf of its caller:
+when the leaf is ``os``, the sample counts in the layer of the nearest caller frame whose
+layer is neither ``os`` nor ``unknown`` (``[vdso]``/``clock_gettime`` polled from
+``libcuda`` is a driver wait, a ``read`` under ``libdali_operators`` is data loading); an OS
+leaf with no such caller stays ``os``. An ``unknown`` leaf stays ``unknown``.
+
+Bump `TAXONOMY_VERSION` whenever a rule changes: it is recorded with every result.
+Regexes use the Rust ``regex`` syntax of polars; the first matching rule wins.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+TAXONOMY_VERSION = "1.0"
+
+HOST_LAYERS = (
+    "framework",
+    "data_pipeline",
+    "communication",
+    "operator_library",
+    "runtime_driver",
+    "os",
+    "profiler",
+    "unknown",
+)
+#: host layer -> the stack layer of `nsysan.passes.base.LAYERS` it counts in (None: none)
+STACK_LAYER_OF: dict[str, str | None] = {
+    "framework": "framework",
+    "data_pipeline": "framework",
+    "communication": "communication",
+    "operator_library": "operator_library",
+    "runtime_driver": "runtime_driver",
+    "os": None,
+    "profiler": "capture",
+    "unknown": None,
+}
+
+#: (regex on the lower-cased file name, or on the whole path for rules marked path, layer,
+#: rule name). Order matters: the first match wins.
+TAXONOMY: tuple[tuple[str, bool, str, str], ...] = (
+    # profiler first: nsys ships its own libcupti, matched by directory too
+    (r"(^|/)(nsightsystems|nsight-systems|nsight_systems)[^/]*/", True, "profiler",
+     "nsys_install_dir"),
+    (r"^(libtoolsinjection|libcupti|libnvtx\d*_?injection|libnsys)", False, "profiler",
+     "nsys_injection"),
+    (r"^(libcuda\.so|libcuda-|libcudart|libnvrtc|libnvidia-ptxjitcompiler|libcudadebugger)",
+     False, "runtime_driver", "cuda_driver_runtime"),
+    (r"^(libnccl|libmpi|libucp|libucs|libuct|libucm|libfabric|libibverbs|libmlx\d|librdmacm"
+     r"|libopen-pal|libopen-rte|mca_|libpmix|libpsm|libhcoll|libsharp|libgloo)",
+     False, "communication", "communication_libs"),
+    (r"^(libcudnn|libcublas|libcufft|libcurand|libcusparse|libcusolver|libnvinfer|libcutensor"
+     r"|libnvblas)", False, "operator_library", "math_libs"),
+    (r"(^|/)pil/|/nvidia/dali/", True, "data_pipeline", "pillow_dali_dir"),
+    (r"/(site|dist)-packages/(numpy|torch)/", True, "framework", "numpy_torch_dir"),
+    (r"^(libdali|libnvjpeg|libjpeg|libturbojpeg|libpng|libwebp|libtiff|cv2|libopencv|_imaging"
+     r"|libavcodec|libavformat|libavutil|libswscale)", False, "data_pipeline",
+     "input_pipeline_libs"),
+    (r"^(libtorch|libc10|libpython\d|python\d(\.\d+)?$|libtensorflow|_pywrap_tensorflow"
+     r"|libjax|xla_extension|libshm\.so|_multiarray_umath|libtorch_python)", False,
+     "framework", "framework_libs"),
+    (r"^(libc\.so|libc-\d|libpthread|libm\.so|libm-\d|librt|libdl|ld-linux|ld-\d|libstdc\+\+"
+     r"|libgcc_s|\[kernel\.kallsyms\]|\[vdso\])", False, "os", "os_libs"),
+)
+#: names of nsys' own threads in the profiled process
+PROFILER_THREAD_PATTERN = r"^(\[NSys|CUPTI worker thread)"
+
+
+def rule_table() -> pl.DataFrame:
+    """The taxonomy as a frame: ``rule``, ``layer``, ``pattern``, ``on_path``."""
+    return pl.DataFrame(
+        {
+            "rule": [r[3] for r in TAXONOMY],
+            "layer": [r[2] for r in TAXONOMY],
+            "pattern": [r[0] for r in TAXONOMY],
+            "on_path": [r[1] for r in TAXONOMY],
+        },
+        schema={"rule": pl.String, "layer": pl.String, "pattern": pl.String,
+                "on_path": pl.Boolean},
+    )
+
+
+def layer_expr(module: pl.Expr) -> pl.Expr:
+    """The host layer of the module path ``module`` (``unknown`` when no rule matches or the
+    module is null)."""
+    path = module.str.to_lowercase()
+    name = path.str.replace(r"^.*/", "")
+    expr: pl.Expr = pl.lit("unknown")
+    for pattern, on_path, layer, _ in reversed(TAXONOMY):
+        target = path if on_path else name
+        expr = pl.when(target.str.contains(pattern)).then(pl.lit(layer)).otherwise(expr)
+    return pl.when(module.is_null()).then(pl.lit("unknown")).otherwise(expr)
+
+
+def module_layers(modules: pl.Series) -> pl.DataFrame:
+    """``module, layer`` for each distinct module of ``modules`` (each matched once)."""
+    distinct = pl.DataFrame({"module": modules}).unique("module")
+    return distinct.with_columns(layer_expr(pl.col("module")).alias("layer"))
+
+
+def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
+    """``sample_id, leaf_layer, layer`` of every sample of ``stacks`` (``cpu_stacks``
+    columns ``sample_id, depth, module``), by the rule of the module docstring."""
+    if stacks.is_empty():
+        return pl.DataFrame(schema={"sample_id": pl.Int64, "leaf_layer": pl.String,
+                                    "layer": pl.String})
+    # Each distinct module is classified once; only OS leaves need their callers' frames.
+    layers = module_layers(stacks["module"])
+    leaf = (stacks.filter(pl.col("depth") == 0).select("sample_id", "module")
+            .unique("sample_id", keep="first", maintain_order=True)
+            .join(layers, on="module", how="left", nulls_equal=True)
+            .select("sample_id", leaf_layer=pl.col("layer").fill_null("unknown")))
+    os_ids = leaf.filter(pl.col("leaf_layer") == "os").select("sample_id")
+    callers = (
+        stacks.filter(pl.col("depth") > 0).select("sample_id", "depth", "module")
+        .join(os_ids, on="sample_id", how="semi")
+        .join(layers.filter(~pl.col("layer").is_in(["os", "unknown"])), on="module")
+        .sort("sample_id", "depth")
+        .group_by("sample_id", maintain_order=True).first()
+        .select("sample_id", caller_layer="layer")
+    )
+    out = leaf.join(callers, on="sample_id", how="left")
+    return out.select(
+        "sample_id", "leaf_layer",
+        layer=pl.when(pl.col("leaf_layer") == "os")
+        .then(pl.coalesce("caller_layer", pl.lit("os")))
+        .otherwise("leaf_layer"),
+    ).sort("sample_id")

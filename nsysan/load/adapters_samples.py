@@ -1,0 +1,100 @@
+"""The CPU sampling frames: ``cpu_samples`` (one row per sample) and ``cpu_stacks`` (its
+call stack, one row per frame).
+
+nsys' CPU IP/backtrace sampling (``--sample=cpu``) writes ``COMPOSITE_EVENTS(id, start, cpu,
+threadState, globalTid, cpuCycles)`` and ``SAMPLING_CALLCHAINS(id, symbol, module,
+kernelMode, ..., stackDepth)`` with depth 0 the leaf; ``symbol`` and ``module`` are StringIds
+keys. Every schema from 2.9 to 3.25 has these columns; ``threadState`` and ``kernelMode`` are
+read where present (null otherwise). ``cpu_samples`` takes its leaf frame from
+``cpu_stacks`` (the call-chain table is read once); a sample without a call chain has null
+leaf columns and ``n_frames`` 0. Rows without an id, time or thread are dropped (counted as
+``missing_timestamp``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nsysan.frames import schemas
+from nsysan.frames.order import content_sort
+from nsysan.load.adapters import Adapter, pid_of, tid_of
+from nsysan.load.adapters_sched import state_labels
+
+SAMPLES_TABLE = "COMPOSITE_EVENTS"
+CALLCHAINS_TABLE = "SAMPLING_CALLCHAINS"
+
+
+def _resolve_ids(adapter: Adapter, df: pl.DataFrame, cols: dict[str, str]) -> pl.DataFrame:
+    """Replace each StringIds key column by its value (each distinct id looked up once)."""
+    strings = adapter.strings
+    for col, out in cols.items():
+        # a gather through one lookup index: a join would move every other column too
+        ids = df.select(pl.col(col).unique().drop_nulls().sort())
+        lookup = ids.join(strings.rename({"id": col, "value": out}), on=col, how="left")
+        at = df[col].replace_strict(lookup[col], pl.int_range(lookup.height, eager=True),
+                                    default=None, return_dtype=pl.UInt32)
+        df = df.with_columns(lookup[out].gather(at).alias(out)).drop(col)
+    return df
+
+
+def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
+    if not adapter.has(CALLCHAINS_TABLE):
+        return None
+    quality = adapter.quality("cpu_stacks")
+    df = adapter.read(CALLCHAINS_TABLE, ["id", "symbol", "module", "stackDepth"],
+                      {"kernelMode": pl.Int64()})
+    valid = pl.col("id").is_not_null() & pl.col("stackDepth").is_not_null()
+    dropped = df.height - int(df.select(valid.sum()).item()) if df.height else 0
+    if dropped:
+        quality.add("missing_timestamp", dropped)
+        df = df.filter(valid)
+    df = _resolve_ids(adapter, df, {"symbol": "symbol_name", "module": "module_name"})
+    df = df.select(
+        sample_id="id",
+        depth="stackDepth",
+        symbol="symbol_name",
+        module="module_name",
+        kernel_mode=pl.col("kernelMode").cast(pl.Boolean),
+    )
+    return adapter.finish(content_sort(df, ["sample_id", "depth"]), schemas.CPU_STACKS)
+
+
+def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
+    if not adapter.has(SAMPLES_TABLE):
+        return None
+    quality = adapter.quality("cpu_samples")
+    df = adapter.read(SAMPLES_TABLE, ["id", "start", "globalTid"],
+                      {"cpu": pl.Int64(), "threadState": pl.Int64()})
+    valid = (pl.col("id").is_not_null() & pl.col("start").is_not_null()
+             & pl.col("globalTid").is_not_null())
+    dropped = df.height - int(df.select(valid.sum()).item()) if df.height else 0
+    if dropped:
+        quality.add("missing_timestamp", dropped)
+        df = df.filter(valid)
+    stacks = (adapter.frame("cpu_stacks") if adapter.frame is not None
+              else build_cpu_stacks(adapter))
+    if stacks is None:
+        stacks = schemas.empty(schemas.CPU_STACKS)
+    leaf = stacks.filter(pl.col("depth") == 0).select(
+        pl.col("sample_id").alias("id"), leaf_symbol="symbol", leaf_module="module"
+    ).unique("id", keep="first", maintain_order=True)
+    frames = stacks.group_by("sample_id").len("n_frames").rename({"sample_id": "id"})
+    df = (
+        state_labels(adapter, df, "threadState", "thread_state")
+        .join(leaf, on="id", how="left", maintain_order="left")
+        .join(frames, on="id", how="left", maintain_order="left")
+    )
+    df = df.select(
+        sample_id="id",
+        time_ns="start",
+        global_tid="globalTid",
+        pid=pid_of("globalTid"),
+        tid=tid_of("globalTid"),
+        cpu="cpu",
+        thread_state=pl.when(pl.col("threadState").is_not_null()).then(pl.col("thread_state")),
+        leaf_symbol="leaf_symbol",
+        leaf_module="leaf_module",
+        n_frames=pl.col("n_frames").cast(pl.Int64).fill_null(0),
+    )
+    return adapter.finish(content_sort(df, ["time_ns", "global_tid", "sample_id"]),
+                          schemas.CPU_SAMPLES)

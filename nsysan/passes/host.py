@@ -1,0 +1,274 @@
+"""host: what the CPU threads were doing, from nsys' CPU sampling and context switches.
+
+Inputs are the optional frames ``sched``, ``cpu_samples`` and ``cpu_stacks`` (empty when the
+profile was recorded without ``--sample=cpu --cpuctxsw=process-tree``; every table is then
+empty with its schema and ``metrics["host_evidence"]`` says what was not captured).
+
+**Sample layers.** Each sample gets the host layer of `nsysan.frames.host_taxonomy`
+(`sample_layers`: the leaf frame's module; an OS leaf counts in its nearest known caller's
+layer). One more rule, by time: an OS-layer sample taken while its thread was inside a CUDA
+API call (``cuda_api``, same thread) is a driver wait (``runtime_driver``): the driver polls
+``clock_gettime`` in ``[vdso]`` or sleeps in the kernel, and the stack often stops there.
+Samples of nsys' own threads (`host_taxonomy.PROFILER_THREAD_PATTERN`) are ``profiler``.
+
+**Sampling period** (``metrics["sampling_period_ns"]``): the median time between consecutive
+samples of one thread, over all threads (a thread that sleeps has longer gaps; the median is
+the period of the busy ones). Estimated time = samples x period.
+
+**Tables** (column names are part of the contract):
+
+- ``host_threads``: per thread seen in ``sched`` or ``cpu_samples``: ``role`` (``launcher``
+  when its CUDA API calls launched GPU work, ``profiler`` for nsys' threads, else
+  ``other``); ``window_ns``: from its first to its last switch (or sample) inside the session;
+  ``on_cpu_ns`` (on-CPU intervals clipped to that window), ``off_cpu_ns`` (the rest of it;
+  null for a thread without switches), ``n_switches`` (switch-ins), ``n_migrations``
+  (switch-ins on another CPU than the previous one), ``n_samples``, its own median sampling
+  period, the sample share of every host layer (``<layer>_frac``) and ``top_layer`` (most
+  samples; ties: `HOST_LAYERS` order);
+- ``host_layers``: per thread, layer and step (null: the whole trace; with steps known, also
+  per step, a sample counting in the step whose window holds its time): ``n_samples``,
+  ``est_ns`` and ``frac`` (share of that thread's samples in that scope);
+- ``host_gaps``: `host_gaps` (per device gap of the ``gaps`` pass and launching thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from nsysan.errors import ConfigError
+from nsysan.frames import host_taxonomy as ht
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace
+from nsysan.passes import host_gaps
+from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.gap_causes import launch_calls
+from nsysan.passes.steps import step_windows
+
+I64, F64, STR = pl.Int64, pl.Float64, pl.String
+LAYER_FRACS = {f"{layer}_frac": F64 for layer in ht.HOST_LAYERS}
+HOST_THREADS = pl.Schema(
+    {
+        "trace_id": STR, "pid": I64, "tid": I64, "global_tid": I64, "name": STR,
+        "role": STR,  # launcher | profiler | other
+        "window_ns": I64, "on_cpu_ns": I64, "off_cpu_ns": I64,
+        "n_switches": I64, "n_migrations": I64, "n_samples": I64,
+        "sampling_period_ns": I64, **LAYER_FRACS, "top_layer": STR,
+    }
+)
+HOST_LAYERS = pl.Schema(
+    {
+        "trace_id": STR, "pid": I64, "tid": I64, "global_tid": I64,
+        "step": I64,  # null: the whole trace
+        "layer": STR, "n_samples": I64, "est_ns": I64, "frac": F64,
+    }
+)
+TABLES = {"host_threads": HOST_THREADS, "host_layers": HOST_LAYERS,
+          "host_gaps": host_gaps.HOST_GAPS}
+HOW_TO_RECORD = "nsys profile --sample=cpu --cpuctxsw=process-tree"
+
+
+@dataclass(frozen=True)
+class HostParams:
+    top_symbols: int = 3  # leaf symbols quoted per gap and thread
+
+    def __post_init__(self) -> None:
+        if self.top_symbols < 0:
+            raise ConfigError(f"host.top_symbols must be >= 0, got {self.top_symbols}")
+
+
+def _empty(tid: str, reason: str) -> PassResult:
+    tables = {name: pl.DataFrame(schema=schema) for name, schema in TABLES.items()}
+    return PassResult(tables=tables, metrics={"host_evidence": reason,
+                                              "taxonomy_version": ht.TAXONOMY_VERSION})
+
+
+def captured(trace: Trace) -> tuple[bool, bool]:
+    """(scheduling captured, sampling captured): the raw tables are in the export (or, for
+    in-memory traces, the frames have rows)."""
+    tables = trace.meta.tables
+    if tables:  # opened from an export: its tables say
+        return bool(tables.get("SCHED_EVENTS")), bool(tables.get("COMPOSITE_EVENTS"))
+    return not trace.frame("sched").is_empty(), not trace.frame("cpu_samples").is_empty()
+
+
+def frames_to_read(trace: Trace) -> list[str]:
+    """The host-evidence frames this trace can build (for prefetching), stacks first."""
+    tables = trace.meta.tables
+    wanted = {"cpu_stacks": "SAMPLING_CALLCHAINS", "cpu_samples": "COMPOSITE_EVENTS",
+              "sched": "SCHED_EVENTS"}
+    return [frame for frame, table in wanted.items() if tables.get(table)]
+
+
+def _thread_names(trace: Trace) -> pl.DataFrame:
+    return trace.frame("threads").select("global_tid", "name")
+
+
+def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
+    """``samples`` (cpu_samples) with ``layer`` (see the module docstring)."""
+    stacks = trace.frame("cpu_stacks").select("sample_id", "depth", "module")
+    layered = samples.join(ht.sample_layers(stacks), on="sample_id", how="left",
+                           maintain_order="left")
+    layered = layered.with_columns(pl.col("layer").fill_null("unknown"))  # no call chain
+    api = trace.frame("cuda_api")
+    if not api.is_empty():
+        # time-covered by a CUDA call of the same thread: running max of call ends, per thread
+        calls = (api.select("global_tid", "start_ns", "end_ns")
+                 .sort("global_tid", "start_ns")
+                 .with_columns(pl.col("end_ns").cum_max().over("global_tid").alias("_until"))
+                 # calls starting at one instant: the furthest reach, whatever their order
+                 .group_by("global_tid", "start_ns").agg(pl.col("_until").max())
+                 .select("global_tid", pl.col("start_ns").alias("time_ns"), "_until"))
+        layered = (
+            layered.sort("time_ns")
+            .join_asof(calls.sort("time_ns"), on="time_ns", by="global_tid",
+                       strategy="backward", check_sortedness=False)
+            .with_columns(
+                pl.when((pl.col("layer") == "os") & (pl.col("_until") > pl.col("time_ns")))
+                .then(pl.lit("runtime_driver")).otherwise(pl.col("layer")).alias("layer"))
+            .drop("_until")
+        )
+    names = _thread_names(trace)
+    layered = layered.join(names, on="global_tid", how="left").with_columns(
+        pl.when(pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))
+        .then(pl.lit("profiler")).otherwise(pl.col("layer")).alias("layer")
+    ).drop("name")
+    return layered.sort("global_tid", "time_ns", "sample_id")
+
+
+def sampling_period(samples: pl.DataFrame) -> tuple[int | None, pl.DataFrame]:
+    """Trace-wide median inter-sample gap, and per thread (``global_tid, period``)."""
+    gaps = samples.select(
+        "global_tid",
+        gap=pl.col("time_ns").diff().over("global_tid"),
+    ).filter(pl.col("gap") > 0)
+    per = gaps.group_by("global_tid").agg(period=pl.col("gap").median().round().cast(I64))
+    whole = gaps["gap"].median() if gaps.height else None
+    return (None if whole is None else round(whole)), per
+
+
+def session_window(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame) -> tuple[int, int]:
+    """[0, session end], or the span of the host events when the duration is unknown."""
+    end = trace.meta.duration_ns
+    if end is None:
+        ends = [int(x) for x in (sched["end_ns"].max(), samples["time_ns"].max())
+                if x is not None]
+        end = max(ends, default=0)
+    return 0, end
+
+
+def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers: pl.Series,
+             window: tuple[int, int], per_period: pl.DataFrame) -> pl.DataFrame:
+    w0, w1 = window
+    s = sched.with_columns(
+        _s=pl.col("start_ns").clip(w0, w1), _e=pl.col("end_ns").clip(w0, w1),
+    )
+    sw = s.sort("global_tid", "start_ns").group_by("global_tid", maintain_order=True).agg(
+        on_cpu_ns=(pl.col("_e") - pl.col("_s")).sum(),
+        n_switches=(~pl.col("open_start")).sum().cast(I64),
+        n_migrations=(pl.col("cpu") != pl.col("cpu").shift(1)).sum().cast(I64),
+        _first=pl.col("_s").min(), _last=pl.col("_e").max(),
+    )
+    sm = samples.group_by("global_tid").agg(
+        n_samples=pl.len().cast(I64),
+        _sfirst=pl.col("time_ns").min().clip(w0, w1), _slast=pl.col("time_ns").max().clip(w0, w1),
+        **{f"{layer}_frac": (pl.col("layer") == layer).mean() for layer in ht.HOST_LAYERS},
+    )
+    ids = pl.concat([sw.select("global_tid"), sm.select("global_tid")]).unique()
+    df = ids.join(sw, on="global_tid", how="left").join(sm, on="global_tid", how="left")
+    first = pl.min_horizontal("_first", "_sfirst")
+    last = pl.max_horizontal("_last", "_slast")
+    order = {layer: i for i, layer in enumerate(ht.HOST_LAYERS)}
+    fracs = [f"{layer}_frac" for layer in ht.HOST_LAYERS]
+    top = pl.concat_list([pl.struct(f=pl.col(c), o=pl.lit(-order[c[:-5]]), n=pl.lit(c[:-5]))
+                          for c in fracs])
+    df = df.with_columns(window_ns=(last - first)).with_columns(
+        off_cpu_ns=pl.when(pl.col("on_cpu_ns").is_not_null())
+        .then(pl.col("window_ns") - pl.col("on_cpu_ns")),
+        n_samples=pl.col("n_samples").fill_null(0),
+        top_layer=pl.when(pl.col("n_samples") > 0)
+        .then(top.list.eval(pl.element().sort().last()).list.first().struct.field("n")),
+    )
+    names = _thread_names(trace)
+    df = df.join(names, on="global_tid", how="left").join(
+        per_period.rename({"period": "sampling_period_ns"}), on="global_tid", how="left")
+    role = (pl.when(pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))
+            .then(pl.lit("profiler"))
+            .when(pl.col("global_tid").is_in(launchers.implode())).then(pl.lit("launcher"))
+            .otherwise(pl.lit("other")))
+    df = df.with_columns(
+        trace_id=pl.lit(trace.trace_id), pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
+        tid=pl.col("global_tid") & 0xFFFFFF, role=role,
+    )
+    return df.select(HOST_THREADS.names()).cast(dict(HOST_THREADS)).sort("pid", "tid",
+                                                                         "global_tid")
+
+
+def _layers(trace: Trace, samples: pl.DataFrame, period: int | None,
+            steps: pl.DataFrame | None) -> pl.DataFrame:
+    scoped = [samples.select("global_tid", "layer", step=pl.lit(None, dtype=I64))]
+    if steps is not None and not samples.is_empty():
+        win = steps.select("step", "start_ns", "end_ns").sort("start_ns")
+        placed = (samples.select("global_tid", "layer", "time_ns").sort("time_ns")
+                  .join_asof(win, left_on="time_ns", right_on="start_ns",
+                             strategy="backward", check_sortedness=False)
+                  .filter(pl.col("time_ns") < pl.col("end_ns")))
+        scoped.append(placed.select("global_tid", "layer", pl.col("step").cast(I64)))
+    df = pl.concat(scoped).group_by("global_tid", "step", "layer").agg(
+        n_samples=pl.len().cast(I64))
+    df = df.with_columns(
+        frac=pl.col("n_samples") / pl.col("n_samples").sum().over("global_tid", "step"),
+        est_ns=pl.col("n_samples") * pl.lit(period, dtype=I64),
+        trace_id=pl.lit(trace.trace_id),
+        pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
+        tid=pl.col("global_tid") & 0xFFFFFF,
+    )
+    order = pl.col("layer").replace_strict({x: i for i, x in enumerate(ht.HOST_LAYERS)},
+                                           return_dtype=I64)
+    return (df.sort("pid", "tid", "global_tid", "step", order, nulls_last=False)
+            .select(HOST_LAYERS.names()).cast(dict(HOST_LAYERS)))
+
+
+def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
+    has_sched, has_samples = captured(trace)
+    if not has_sched and not has_samples:
+        return _empty(trace.trace_id, f"not captured: record with `{HOW_TO_RECORD}`")
+    # frames not captured are not built at all (no data-quality entry, nothing read)
+    sched = trace.frame("sched") if has_sched else schemas.empty(schemas.SCHED)
+    raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas.CPU_SAMPLES)
+    samples = sample_layers(trace, raw) if has_samples else raw.with_columns(
+        layer=pl.lit(None, dtype=STR))
+    window = session_window(trace, sched, samples)
+    period, per_period = sampling_period(samples)
+    calls = launch_calls(trace) if not trace.frame("gpu_ops").is_empty() else None
+    launchers = (calls["global_tid"].unique() if calls is not None
+                 else pl.Series("global_tid", [], dtype=I64))
+    threads = _threads(trace, sched, samples, launchers, window, per_period)
+    layers = _layers(trace, samples, period, step_windows(results))
+    gaps = host_gaps.table(trace, results, sched, samples, calls, params.top_symbols)
+    missing = [what for what, ok in (("scheduling", has_sched), ("sampling", has_samples))
+               if not ok]
+    metrics: dict[str, Any] = {
+        "host_evidence": "captured" if not missing else
+        f"partly captured: no {' or '.join(missing)} (record with `{HOW_TO_RECORD}`)",
+        "taxonomy_version": ht.TAXONOMY_VERSION,
+        "sampling_period_ns": period,
+        "deschedule_rule": host_gaps.deschedule_rule(trace, sched),
+    }
+    return PassResult(tables={"host_threads": threads, "host_layers": layers,
+                              "host_gaps": gaps}, metrics=metrics)
+
+
+SPEC = PassSpec(
+    name="host",
+    description="host threads from CPU sampling and context switches: on-CPU time, layers, "
+                "what the launching threads did during GPU gaps",
+    params=HostParams,
+    tables=TABLES,
+    run=run,
+    requires=("gaps",),
+    after=("steps",),
+    default=True,
+)
