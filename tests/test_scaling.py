@@ -4,6 +4,7 @@ runs that cannot be compared."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -304,3 +305,28 @@ def test_cli_work_per_step_per_run(small):
     want = (1024 / (e["new_step_ns"] * 16)) / (128 / (e["base_step_ns"] * 4))
     assert e["mode"] == "work" and e["efficiency"] == pytest.approx(want, rel=1e-12)
     assert e["new_throughput_per_gpu"] == pytest.approx(1024 / 16 / e["new_step_ns"] * 1e9)
+
+
+def test_host_evidence_of_the_rank_profiles(case, tmp_path):
+    """A rank profile with CPU sampling and context switches is analysed with the host pass:
+    a descheduled launcher (planted, nsysan.testing.host_scenarios) is named as CPU contention;
+    a GPU-bound profile with host data is not; profiles without host data say so."""
+    from nsysan.compare.scaling import _host_evidence
+    from nsysan.compare.scaling_measure import host_evidence
+    from nsysan.multirank.job import analyze_job
+    from nsysan.testing import host_scenarios as hs
+
+    contended, _ = hs.descheduled_launcher(tmp_path / "contended.sqlite")
+    healthy, _ = hs.gpu_bound_driver_wait(tmp_path / "healthy.sqlite")
+    captured, hits = host_evidence(analyze_job([contended]))
+    assert captured and hits == ["CPU_CONTENTION (contended)"]
+    captured, hits = host_evidence(analyze_job([healthy]))
+    assert captured and hits == []
+    run8 = case[3][0]
+    assert (run8.host_captured, run8.host_findings) == (False, [])
+    assert "no host evidence in these profiles" in _host_evidence(run8)
+    named = _host_evidence(replace(run8, host_findings=["CPU_CONTENTION (r3)"],
+                                   host_captured=True))
+    assert "CPU_CONTENTION (r3)" in named and "--bind-to core" in named
+    quiet = _host_evidence(replace(run8, host_captured=True))
+    assert "show no CPU contention" in quiet

@@ -298,11 +298,15 @@ def params_conf(eff: dict[str, Any]) -> str:
 
 def _host_evidence(r: ScaleRun) -> str:
     codes = {f.code for f in r.job.findings}
-    hits = sorted(c for c in codes if "CONTENTION" in c or "CPU" in c)
+    hits = sorted({*(c for c in codes if "CONTENTION" in c or "CPU" in c), *r.host_findings})
     if hits:
         return f"host evidence: {', '.join(hits)} — check CPU binding (mpirun --bind-to core)"
-    return ("no host evidence of CPU contention in these profiles; if NCCL and compute "
-            "threads share cores, bind ranks to cores")
+    if r.host_captured:
+        return ("the rank profiles' CPU sampling and scheduling show no CPU contention; "
+                "binding ranks to cores is unlikely to help")
+    return ("no host evidence in these profiles (record with `nsys profile --sample=cpu "
+            "--cpuctxsw=process-tree`); if NCCL and compute threads share cores, bind ranks "
+            "to cores")
 
 
 def scaling(runs: list[ScaleRun], params: ScalingParams) -> ScalingResult:

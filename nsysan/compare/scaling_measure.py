@@ -74,6 +74,11 @@ class ScaleRun:
     gpu_names: list[str]
     job: JobResult
     notes: list[str] = field(default_factory=list)
+    #: host-evidence findings (warning or worse) of the rank profiles that carry CPU sampling
+    #: or scheduling data, as ``"CODE (trace_id)"``, sorted; empty when none carry any
+    host_findings: list[str] = field(default_factory=list)
+    #: whether any rank profile carries host evidence at all (sampling or scheduling)
+    host_captured: bool = False
 
     @property
     def step_numbers(self) -> list[int]:
@@ -437,6 +442,31 @@ def profiles_of_output(d: Path) -> list[str] | None:
     return paths
 
 
+#: host findings that point to CPU binding (nsysan.findings.rules_host)
+HOST_BINDING_CODES = ("CPU_CONTENTION", "HOST_CPU_BOUND")
+
+
+def host_evidence(job: JobResult) -> tuple[bool, list[str]]:
+    """Whether any rank profile of ``job`` carries host evidence (CPU samples or context
+    switches), and the host findings of warning or worse in those profiles
+    (``"CODE (trace_id)"``, sorted). Only profiles with the tables are analysed again, with
+    the host pass alone (and the passes it needs)."""
+    from nsysan.api import analyze
+
+    captured = False
+    hits: set[str] = set()
+    for t in job.traces:
+        tables = t.meta.tables or {}
+        if not (tables.get("SCHED_EVENTS") or tables.get("COMPOSITE_EVENTS")):
+            continue
+        captured = True
+        diagnosis = analyze(t, passes=["host"], findings=True).diagnosis
+        for f in diagnosis.findings if diagnosis is not None else []:
+            if f.code in HOST_BINDING_CODES and f.severity in ("warning", "critical"):
+                hits.add(f"{f.code} ({t.trace_id})")
+    return captured, sorted(hits)
+
+
 def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | None = None,
                 link: LinkParams | None = None, job_params: JobParams | None = None,
                 nsys: str | None = None) -> ScaleRun:
@@ -467,11 +497,13 @@ def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | No
                      "bandwidth not measured, the duration-based analysis stands")
     time_mix, launch_mix = _mix(job, keys)
     coll = _steady_collectives(job, rows)
+    host_captured, host_findings = host_evidence(job)
     return ScaleRun(
         run=run, source=", ".join(paths), n_gpus=n_gpus, n_ranks=job.ranks.height,
         n_nodes=n_nodes, steps=rows, layers=layers,
         collectives=_collectives(run, job, keys, rows, coll, n_steps, n_nodes, gpu_names, link),
         ranks=_ranks(run, job, rows, coll, job_params.min_skew_ns), kernel_mix=time_mix,
         launch_mix=launch_mix,
-        gpu_names=gpu_names, job=job, notes=notes,
+        gpu_names=gpu_names, job=job, notes=notes, host_findings=host_findings,
+        host_captured=host_captured,
     )
