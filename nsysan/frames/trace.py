@@ -164,6 +164,10 @@ class Trace:
         return self.frame("threads")
 
     @property
+    def memory_events(self) -> pl.DataFrame:
+        return self.frame("memory_events")
+
+    @property
     def meta_frame(self) -> pl.DataFrame:
         return self.frame("meta")
 
@@ -183,7 +187,7 @@ class Trace:
                 conformed[name] = schemas.conform(df, schema)
             else:
                 conformed[name] = schemas.empty(schema)
-                if name != "meta":
+                if name != "meta" and name not in schemas.OPTIONAL_FRAMES:
                     missing[name] = "not provided"
         path = meta_fields.pop("path", Path(trace_id))
         meta = TraceMeta(

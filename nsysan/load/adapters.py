@@ -90,6 +90,7 @@ QUALITY_TABLES: dict[str, tuple[str, ...]] = {
     "gpus": (*FRAME_SOURCES["gpus"][0], "TARGET_INFO_CUDA_GPU"),
     "meta": ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE", "ANALYSIS_DETAILS",
              "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"),
+    "memory_events": ("CUDA_GPU_MEMORY_USAGE_EVENTS",),
 }
 
 LAZY_HINT = "a lazy export also omits a table when nothing of that kind was recorded"
@@ -398,6 +399,7 @@ class Adapter:
             "processes": ("adapters_info", "build_processes"),
             "threads": ("adapters_info", "build_threads"),
             "meta": ("adapters_info", "build_meta"),
+            "memory_events": ("adapters_memory", "build_memory_events"),
         }
         # Imported on first use: those modules build on this one, and importing
         # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
@@ -405,6 +407,8 @@ class Adapter:
         builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
         df = builder(self)
         df = df if df is not None else schemas.empty(schemas.CANONICAL[frame])
+        if frame in schemas.OPTIONAL_FRAMES and df.is_empty():
+            return df  # no events: no data-quality entry (the manifest stays as it was)
         self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
                      df.height)
         return df
