@@ -21,10 +21,27 @@ PASS_MODULES = (
     "attribution",
     "kernels",
     "nccl",
+    "memory",
 )
 
 #: Passes run by ``nsysan analyze`` when ``--passes`` is not given.
 DEFAULT_PASSES = ("steps", "gaps", "overlap", "attribution", "kernels", "nccl")
+#: Passes added to the default ones when the trace has what they read (`auto_passes`): a
+#: trace without it keeps exactly the outputs (manifest included) it had before they existed.
+AUTO_PASSES = ("memory",)
+
+
+def auto_passes(trace: Any, settings: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The default passes for ``trace``: `DEFAULT_PASSES`, plus each of `AUTO_PASSES` whose
+    input the trace holds (memory: CUDA memory-usage events) or that ``settings`` configure;
+    without a trace (None), only the configured ones."""
+    from nsysan.passes.memory import has_events
+
+    probes = {"memory": has_events}
+    named = {k.partition(".")[0] for k in (settings or {})}
+    extra = tuple(p for p in AUTO_PASSES
+                  if p in named or (trace is not None and probes[p](trace)))
+    return (*DEFAULT_PASSES, *extra)
 
 
 def registry() -> dict[str, PassSpec]:

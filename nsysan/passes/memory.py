@@ -1,0 +1,352 @@
+"""memory: device memory in use over time, its peak, growth per step and pool reserve, from
+CUDA memory-usage events (``nsys profile --cuda-memory-usage=true``).
+
+Semantics:
+
+- The **level** of a key (device, process, memory kind) at time ``t`` is the sum of the bytes
+  of its allocations minus its frees with ``start_ns <= t`` (events at one timestamp apply
+  together, so their row order never matters). It starts at 0: memory allocated before the
+  capture began is unknown to the trace.
+- ``memory`` (the curve): the session ``[0, duration)`` (or the events' span when the export
+  has no duration) cut into ``bins`` equal bins; one row per key and bin from the key's first
+  event on. ``in_use_bytes_max`` is the highest level inside the bin, exactly (the level the
+  bin starts with, or after any of its events); ``in_use_bytes_end`` the level at its end.
+  ``pool_*_max`` is the highest total over the key's local pools of the reserved / utilized
+  sizes the events report (each pool counts with its latest report), null without pools.
+- ``memory_summary``, per (device, process), over the **device-resident** kinds
+  (``device_kinds``: device, array, device_static; pinned and pageable memory is host memory
+  and managed memory can be oversubscribed): ``peak_bytes`` / ``peak_ns`` (first time
+  reached), the same for all processes of the device together (``device_peak_*``), the
+  margin to ``TARGET_INFO_GPU.totalMemory``.
+- Per step (the steady steps of the steps pass: non-warm-up, all when every step is warm-up):
+  ``growth_bytes_per_step`` = (level at the end of the last steady step - level at the start
+  of the first) / steps, where the level "at" a step boundary ``b`` counts the events with
+  ``start_ns < b`` (steps are half-open); ``steps_grown_frac`` the share of steady steps
+  whose level at the end exceeds that at the start; allocations and frees whose start lies in
+  a steady step, per step, with their bytes and the host time of the distinct API calls that
+  made them. Without steps these columns are null and ``n_steps`` is 0.
+- Pools: ``pool_reserved_peak_bytes`` is the peak of the total reserved size, with the
+  utilized size at that moment. A **pool growth** is an event after which its pool reserves
+  more than at its previous event; it has **slack** when the pool's free bytes before it
+  (reserved - utilized) could have held the allocation: the pool grew although, in total, it
+  had room — the fragmentation proxy. Counted inside the steady window (the span of the
+  steady steps; the whole trace without steps).
+- ``top_alloc_site``: the NVTX range (innermost, on the allocating thread) whose calls
+  allocated the most device-resident bytes.
+
+A trace whose export holds no memory-usage events gets no tables and no metrics: the pass
+is then only run when asked for (see `nsysan.passes.registry.auto_passes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import polars as pl
+
+from nsysan.frames import schemas
+from nsysan.frames.trace import Trace
+from nsysan.passes.base import PassResult, PassSpec, Results
+
+KEY = ["device_id", "pid", "mem_kind"]
+DP = ["device_id", "pid"]
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    #: bins of the in-use curve over the session
+    bins: int = 200
+    #: memory kinds that live in device memory (count against the device's total)
+    device_kinds: tuple[str, ...] = ("device", "array", "device_static")
+    # The thresholds of this pass's findings live here, not in the findings params: a trace
+    # without memory events then keeps its findings params (and bytes) exactly as before.
+    #: MEMORY_NEAR_OOM: warning when the device peak leaves less than this share free ...
+    near_oom_warn_frac: float = 0.05
+    #: ... critical under this share
+    near_oom_crit_frac: float = 0.02
+    #: MEMORY_GROWTH: at least this many steady steps, this share of them growing, and ...
+    growth_min_steps: int = 4
+    growth_min_step_frac: float = 0.75
+    #: ... at least this growth per step (bytes)
+    growth_min_bytes_per_step: int = 1 << 20
+    #: MEMORY_GROWTH is critical when the steady window's growth would exhaust the margin
+    #: within this many more steps
+    growth_crit_steps_to_oom: int = 1000
+    #: POOL_FRAGMENTATION: at least this many pool growths with slack in the steady window,
+    #: while the pool uses at most this share of what it reserves
+    frag_min_growths: int = 3
+    frag_max_utilized_frac: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.bins < 1:
+            raise ValueError(f"bins must be >= 1, got {self.bins}")
+        for name in ("near_oom_warn_frac", "near_oom_crit_frac", "growth_min_step_frac",
+                     "frag_max_utilized_frac"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+
+
+def has_events(trace: Trace) -> bool:
+    """True when the export holds memory-usage rows (a cheap probe of the raw table count;
+    in-memory traces are asked for their frame)."""
+    tables = trace.meta.tables
+    if "CUDA_GPU_MEMORY_USAGE_EVENTS" in tables:
+        return tables["CUDA_GPU_MEMORY_USAGE_EVENTS"] > 0
+    if trace.meta.source_format == "memory":
+        return trace.frame("memory_events").height > 0
+    return False
+
+
+def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
+    if not has_events(trace):
+        return PassResult()
+    ev = trace.memory_events.filter(pl.col("op").is_not_null() & pl.col("bytes").is_not_null()
+                                    & pl.col("device_id").is_not_null())
+    if ev.is_empty():
+        return PassResult()
+    ev = ev.with_columns(
+        pl.when(pl.col("op") == "alloc").then(pl.col("bytes")).otherwise(-pl.col("bytes"))
+        .alias("_signed"))
+    lo, hi = _span(trace, ev)
+    curve = _curve(ev, lo, hi, params.bins, trace.trace_id)
+    steady = _steady_steps(results)
+    summary = _summary(trace, ev, params, steady)
+    metrics: dict[str, Any] = {
+        "thresholds": asdict(params),
+        "n_events": ev.height,
+    }
+    if summary.height:
+        dev = summary.filter(pl.col("device_peak_bytes").is_not_null())
+        if dev.height:
+            metrics["peak_memory_bytes"] = int(dev["device_peak_bytes"].max())  # type: ignore[arg-type]
+    return PassResult(
+        tables={"memory": schemas.conform(curve, schemas.MEMORY),
+                "memory_summary": schemas.conform(summary, schemas.MEMORY_SUMMARY)},
+        metrics=metrics,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+def _span(trace: Trace, ev: pl.DataFrame) -> tuple[int, int]:
+    first, last = ev.select(pl.col("start_ns").min().alias("a"),
+                            pl.col("start_ns").max().alias("b")).row(0)
+    dur = trace.meta.duration_ns
+    if dur is not None and first >= 0 and last < dur:
+        return 0, int(dur)
+    return int(first), int(last) + 1
+
+
+def levels(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """One row per ``by`` key and timestamp: the level after every event at that time."""
+    return (ev.group_by([*by, "start_ns"]).agg(pl.col("_signed").sum())
+            .sort([*by, "start_ns"])
+            .with_columns(pl.col("_signed").cum_sum().over(by).alias("level")))
+
+
+def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Per ``by`` key and timestamp of pool events: the total over the key's pools of each
+    pool's latest reserved and utilized size (columns ``reserved``, ``utilized``)."""
+    pools = ev.filter(pl.col("pool_address").is_not_null()
+                      & pl.col("pool_size_bytes").is_not_null())
+    if pools.is_empty():
+        return pl.DataFrame(schema={**{c: ev.schema[c] for c in by}, "start_ns": pl.Int64,
+                                    "reserved": pl.Int64, "utilized": pl.Int64})
+    pk = [*by, "pool_address"]
+    # a pool's report at one timestamp: the last of its events there in content order
+    last = (pools.sort([*pk, "start_ns", "pool_size_bytes", "pool_utilized_bytes"],
+                       nulls_last=True)
+            .group_by([*pk, "start_ns"], maintain_order=True)
+            .agg(pl.col("pool_size_bytes").last(),
+                 pl.col("pool_utilized_bytes").fill_null(0).last()))
+    deltas = last.sort([*pk, "start_ns"]).with_columns(
+        (pl.col("pool_size_bytes") - pl.col("pool_size_bytes").shift(1).over(pk).fill_null(0))
+        .alias("_dr"),
+        (pl.col("pool_utilized_bytes")
+         - pl.col("pool_utilized_bytes").shift(1).over(pk).fill_null(0)).alias("_du"))
+    return (deltas.group_by([*by, "start_ns"]).agg(pl.col("_dr").sum(), pl.col("_du").sum())
+            .sort([*by, "start_ns"])
+            .select(*by, "start_ns", pl.col("_dr").cum_sum().over(by).alias("reserved"),
+                    pl.col("_du").cum_sum().over(by).alias("utilized")))
+
+
+def _curve(ev: pl.DataFrame, lo: int, hi: int, bins: int, trace_id: str) -> pl.DataFrame:
+    width = max(-(-(hi - lo) // bins), 1)
+    n_bins = -(-(hi - lo) // width)
+    bin_of = ((pl.col("start_ns") - lo) // width).clip(0, n_bins - 1).alias("bin")
+    lv = levels(ev, KEY).with_columns(bin_of)
+    per_bin = lv.group_by([*KEY, "bin"]).agg(
+        pl.col("level").max().alias("_max"), pl.col("level").last().alias("_last"))
+    counts = ev.with_columns(bin_of).group_by([*KEY, "bin"]).agg(
+        pl.col("bytes").filter(pl.col("op") == "alloc").sum().alias("alloc_bytes"),
+        pl.col("bytes").filter(pl.col("op") == "free").sum().alias("free_bytes"),
+        (pl.col("op") == "alloc").sum().cast(pl.Int64).alias("n_allocs"),
+        (pl.col("op") == "free").sum().cast(pl.Int64).alias("n_frees"))
+    pools = _pool_totals(ev, KEY).with_columns(bin_of).group_by([*KEY, "bin"]).agg(
+        pl.col("reserved").max().alias("pool_size_bytes_max"),
+        pl.col("utilized").max().alias("pool_utilized_bytes_max"))
+    first = per_bin.group_by(KEY).agg(pl.col("bin").min().alias("_first"))
+    grid = (first.with_columns(pl.int_ranges("_first", n_bins, dtype=pl.Int64).alias("bin"))
+            .explode("bin").drop("_first"))
+    df = (grid.join(per_bin, on=[*KEY, "bin"], how="left")
+          .join(counts, on=[*KEY, "bin"], how="left")
+          .join(pools, on=[*KEY, "bin"], how="left")
+          .sort([*KEY, "bin"]))
+    end = pl.col("_last").forward_fill().over(KEY)
+    return df.with_columns(
+        pl.lit(trace_id).alias("trace_id"),
+        (lo + pl.col("bin") * width).alias("start_ns"),
+        pl.min_horizontal(lo + (pl.col("bin") + 1) * width, pl.lit(hi)).alias("end_ns"),
+        pl.max_horizontal("_max", end.shift(1).over(KEY)).alias("in_use_bytes_max"),
+        end.alias("in_use_bytes_end"),
+        *(pl.col(c).fill_null(0) for c in ("alloc_bytes", "free_bytes", "n_allocs", "n_frees")),
+    )
+
+
+def _steady_steps(results: Results) -> pl.DataFrame | None:
+    r = results.get("steps")
+    steps = r.tables.get("steps") if r is not None else None
+    if steps is None or steps.is_empty():
+        return None
+    steady = steps.filter(~pl.col("warmup").fill_null(False))
+    return (steady if not steady.is_empty() else steps).sort("start_ns", "step")
+
+
+def _level_at(lv: pl.DataFrame, times: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """``times`` (``by`` + ``t``) with ``level``: the level from the events before ``t``."""
+    q = times.with_columns((pl.col("t") - 1).alias("_q")).sort("_q")
+    got = q.join_asof(lv.select(*by, "start_ns", "level").sort("start_ns"), left_on="_q",
+                      right_on="start_ns", by=by, strategy="backward",
+                      check_sortedness=False)  # (sorted by time overall, so within groups)
+    return got.with_columns(pl.col("level").fill_null(0)).drop("_q", "start_ns")
+
+
+def _summary(trace: Trace, ev: pl.DataFrame, params: MemoryParams,
+             steady: pl.DataFrame | None) -> pl.DataFrame:
+    dev = ev.filter(pl.col("mem_kind").is_in(list(params.device_kinds)))
+    if dev.is_empty():
+        return schemas.empty(schemas.MEMORY_SUMMARY)
+    lv = levels(dev, DP)
+    peaks = (lv.sort([*DP, "level", "start_ns"], descending=[False, False, True, False])
+             .group_by(DP, maintain_order=True).first()
+             .select(*DP, pl.col("level").alias("peak_bytes"),
+                     pl.col("start_ns").alias("peak_ns")))
+    dlv = levels(dev, ["device_id"])
+    dpeaks = (dlv.sort(["device_id", "level", "start_ns"], descending=[False, True, False])
+              .group_by("device_id", maintain_order=True).first()
+              .select("device_id", pl.col("level").alias("device_peak_bytes"),
+                      pl.col("start_ns").alias("device_peak_ns")))
+    gpus = trace.frame("gpus") if trace.has("gpus") else schemas.empty(schemas.GPUS)
+    totals = (gpus.select("device_id", pl.col("total_memory_bytes").alias("device_total_bytes"))
+              .unique("device_id", keep="first").sort("device_id"))
+    out = (peaks.join(dpeaks, on="device_id", how="left")
+           .join(totals, on="device_id", how="left")
+           .join(dev.group_by(DP).agg(pl.len().cast(pl.Int64).alias("n_events")), on=DP)
+           .with_columns((pl.col("device_total_bytes") - pl.col("device_peak_bytes"))
+                         .alias("margin_bytes")))
+    out = out.with_columns(
+        (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
+    out = out.join(_per_step(dev, lv, steady), on=DP, how="left")
+    out = out.join(_pools(dev, steady), on=DP, how="left")
+    out = out.join(_sites(dev), on=DP, how="left")
+    return out.with_columns(pl.lit(trace.trace_id).alias("trace_id"),
+                            pl.col("n_steps").fill_null(0)).sort(DP)
+
+
+def _per_step(dev: pl.DataFrame, lv: pl.DataFrame, steady: pl.DataFrame | None
+              ) -> pl.DataFrame:
+    keys = dev.select(DP).unique()
+    if steady is None:
+        return keys.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
+    n = steady.height
+    bounds = steady.select("step", "start_ns", "end_ns")
+    per = keys.join(bounds, how="cross")
+    s = _level_at(lv, per.select(*DP, "step", pl.col("start_ns").alias("t")), DP)
+    e = _level_at(lv, per.select(*DP, "step", pl.col("end_ns").alias("t")), DP)
+    delta = s.join(e.drop("t"), on=[*DP, "step"], suffix="_end").with_columns(
+        (pl.col("level_end") - pl.col("level")).alias("_d"))
+    first_start, last_end = int(steady["start_ns"].min()), int(steady["end_ns"].max())
+    span = _level_at(lv, keys.with_columns(pl.lit(first_start).alias("t")), DP).join(
+        _level_at(lv, keys.with_columns(pl.lit(last_end).alias("t")), DP), on=DP,
+        suffix="_end")
+    growth = span.select(*DP, ((pl.col("level_end") - pl.col("level")) / n)
+                         .alias("growth_bytes_per_step"))
+    grown = delta.group_by(DP).agg(((pl.col("_d") > 0).sum() / n).alias("steps_grown_frac"))
+    inside = _in_steps(dev, bounds)
+    calls = (inside.filter(pl.col("api_start_ns").is_not_null())
+             .unique(["global_pid", "correlation_id", *DP], keep="first")
+             .group_by(DP).agg((pl.col("api_end_ns") - pl.col("api_start_ns")).sum()
+                               .alias("_api_ns")))
+    act = inside.group_by(DP).agg(
+        (pl.col("op") == "alloc").sum().alias("_na"), (pl.col("op") == "free").sum()
+        .alias("_nf"),
+        pl.col("bytes").filter(pl.col("op") == "alloc").sum().alias("_ba"),
+        pl.col("bytes").filter(pl.col("op") == "free").sum().alias("_bf"))
+    out = (keys.join(growth, on=DP, how="left").join(grown, on=DP, how="left")
+           .join(act, on=DP, how="left").join(calls, on=DP, how="left"))
+    return out.select(
+        *DP, pl.lit(n, pl.Int64).alias("n_steps"), "growth_bytes_per_step",
+        "steps_grown_frac",
+        *(pl.col(c).fill_null(0).cast(pl.Float64).truediv(n).alias(a) for c, a in (
+            ("_na", "allocs_per_step"), ("_nf", "frees_per_step"),
+            ("_ba", "alloc_bytes_per_step"), ("_bf", "free_bytes_per_step"),
+            ("_api_ns", "api_ns_per_step"))))
+
+
+def _in_steps(ev: pl.DataFrame, bounds: pl.DataFrame) -> pl.DataFrame:
+    """The events whose start lies in one of the steps (``start_ns``, ``end_ns``)."""
+    b = bounds.sort("start_ns").select(pl.col("start_ns").alias("_s"),
+                                       pl.col("end_ns").alias("_e"))
+    got = ev.sort("start_ns").join_asof(b, left_on="start_ns", right_on="_s",
+                                        strategy="backward")
+    return got.filter(pl.col("_e").is_not_null() & (pl.col("start_ns") < pl.col("_e"))) \
+        .drop("_s", "_e")
+
+
+def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
+    tot = _pool_totals(dev, DP)
+    peak = (tot.sort([*DP, "reserved", "start_ns"], descending=[False, False, True, False])
+            .group_by(DP, maintain_order=True).first()
+            .select(*DP, pl.col("reserved").alias("pool_reserved_peak_bytes"),
+                    pl.col("utilized").alias("pool_utilized_at_peak_bytes"))
+            .with_columns(pl.when(pl.col("pool_reserved_peak_bytes") > 0)
+                          .then(pl.col("pool_utilized_at_peak_bytes")
+                                / pl.col("pool_reserved_peak_bytes")).clip(0, 1)
+                          .alias("pool_utilized_frac")))
+    pk = [*DP, "pool_address"]
+    pools = dev.filter(pl.col("pool_address").is_not_null()
+                       & pl.col("pool_size_bytes").is_not_null())
+    order = [*pk, "start_ns", "pool_size_bytes", "pool_utilized_bytes", "op", "bytes", "address"]
+    grew = pools.sort(order, nulls_last=True).with_columns(
+        pl.col("pool_size_bytes").shift(1).over(pk).alias("_prev_size"),
+        pl.col("pool_utilized_bytes").fill_null(0).shift(1).over(pk).alias("_prev_used"),
+    ).filter(pl.col("pool_size_bytes") > pl.col("_prev_size"))
+    if steady is not None:
+        lo, hi = int(steady["start_ns"].min()), int(steady["end_ns"].max())
+        grew = grew.filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi))
+    slack = (pl.col("op") == "alloc") & (pl.col("_prev_size") - pl.col("_prev_used")
+                                         >= pl.col("bytes"))
+    counts = grew.group_by(DP).agg(pl.len().cast(pl.Int64).alias("pool_growths"),
+                                   slack.sum().cast(pl.Int64).alias("pool_growths_with_slack"))
+    return peak.join(counts, on=DP, how="full", coalesce=True)
+
+
+def _sites(dev: pl.DataFrame) -> pl.DataFrame:
+    by_site = (dev.filter((pl.col("op") == "alloc") & pl.col("nvtx_name").is_not_null())
+               .group_by([*DP, "nvtx_name"]).agg(pl.col("bytes").sum().alias("_b")))
+    return (by_site.sort([*DP, "_b", "nvtx_name"], descending=[False, False, True, False])
+            .group_by(DP, maintain_order=True).first()
+            .select(*DP, pl.col("nvtx_name").alias("top_alloc_site"),
+                    pl.col("_b").alias("top_alloc_site_bytes")))
+
+
+SPEC = PassSpec(
+    name="memory",
+    description="device memory in use (curve, peak, growth per step, pools) from CUDA "
+                "memory-usage events",
+    params=MemoryParams,
+    tables={"memory": schemas.MEMORY, "memory_summary": schemas.MEMORY_SUMMARY},
+    run=run,
+    after=("steps",),
+)
