@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from nsysan.errors import ConfigError
-from nsysan.findings import rules_capture, rules_idle, rules_work
+from nsysan.findings import rules_capture, rules_idle, rules_memory, rules_work
 from nsysan.findings.baseline import Baseline, Verdict, compute_baseline, compute_verdict
 from nsysan.findings.catalogue import CATALOGUE
-from nsysan.findings.context import Context, NotEvaluated
+from nsysan.findings.context import Context, NotApplicable, NotEvaluated
 from nsysan.findings.evidence import normalise
 from nsysan.findings.params import FindingParams
 from nsysan.frames.trace import Trace
@@ -36,7 +36,10 @@ RULES: dict[str, Rule] = {
     "NCCL_LOW_BANDWIDTH": rules_work.nccl_bandwidth,
     "NO_TENSOR_CORES": rules_work.no_tensor_cores,
     "DOMINANT_LAYER": rules_work.dominant_layer,
-    "MEMORY_CHURN": rules_work.memory_churn,
+    "MEMORY_CHURN": rules_memory.with_event_evidence(rules_work.memory_churn),
+    "MEMORY_NEAR_OOM": rules_memory.near_oom,
+    "MEMORY_GROWTH": rules_memory.growth,
+    "POOL_FRAGMENTATION": rules_memory.pool_fragmentation,
     "SLOW_START": rules_work.slow_start,
     "NVTX_MISSING": rules_capture.nvtx_missing,
     "NVTX_LOW_COVERAGE": rules_capture.nvtx_low_coverage,
@@ -138,6 +141,8 @@ def diagnose(
         except NotEvaluated as exc:
             unavailable.append(code)
             reasons[code] = str(exc)
+            continue
+        except NotApplicable:  # an optional capture the trace lacks: not reported at all
             continue
         if out:
             findings.extend(out)

@@ -461,6 +461,7 @@ MEMORY_SUMMARY = pl.Schema(
         "n_steps": I64,  # steady steps the per-step columns are over
         "growth_bytes_per_step": F64,  # (level at last step end - at first step start) / n
         "steps_grown_frac": F64,  # share of steady steps that end above where they started
+        "steps_allocating_frac": F64,  # share of steady steps that allocate
         "allocs_per_step": F64,
         "frees_per_step": F64,
         "alloc_bytes_per_step": F64,

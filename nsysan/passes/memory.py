@@ -22,9 +22,10 @@ Semantics:
   ``growth_bytes_per_step`` = (level at the end of the last steady step - level at the start
   of the first) / steps, where the level "at" a step boundary ``b`` counts the events with
   ``start_ns < b`` (steps are half-open); ``steps_grown_frac`` the share of steady steps
-  whose level at the end exceeds that at the start; allocations and frees whose start lies in
-  a steady step, per step, with their bytes and the host time of the distinct API calls that
-  made them. Without steps these columns are null and ``n_steps`` is 0.
+  whose level at the end exceeds that at the start; ``steps_allocating_frac`` the share of
+  steady steps with an allocation (the repetition of churn); allocations and frees whose
+  start lies in a steady step, per step, with their bytes and the host time of the distinct
+  API calls that made them. Without steps these columns are null and ``n_steps`` is 0.
 - Pools: ``pool_reserved_peak_bytes`` is the peak of the total reserved size, with the
   utilized size at that moment. A **pool growth** is an event after which its pool reserves
   more than at its previous event; it has **slack** when the pool's free bytes before it
@@ -274,6 +275,8 @@ def _per_step(dev: pl.DataFrame, lv: pl.DataFrame, steady: pl.DataFrame | None
                          .alias("growth_bytes_per_step"))
     grown = delta.group_by(DP).agg(((pl.col("_d") > 0).sum() / n).alias("steps_grown_frac"))
     inside = _in_steps(dev, bounds)
+    repeat = (inside.filter(pl.col("op") == "alloc").group_by(DP)
+              .agg((pl.col("_step").n_unique() / n).alias("steps_allocating_frac")))
     calls = (inside.filter(pl.col("api_start_ns").is_not_null())
              .unique(["global_pid", "correlation_id", *DP], keep="first")
              .group_by(DP).agg((pl.col("api_end_ns") - pl.col("api_start_ns")).sum()
@@ -284,10 +287,11 @@ def _per_step(dev: pl.DataFrame, lv: pl.DataFrame, steady: pl.DataFrame | None
         pl.col("bytes").filter(pl.col("op") == "alloc").sum().alias("_ba"),
         pl.col("bytes").filter(pl.col("op") == "free").sum().alias("_bf"))
     out = (keys.join(growth, on=DP, how="left").join(grown, on=DP, how="left")
-           .join(act, on=DP, how="left").join(calls, on=DP, how="left"))
+           .join(act, on=DP, how="left").join(calls, on=DP, how="left")
+           .join(repeat, on=DP, how="left"))
     return out.select(
         *DP, pl.lit(n, pl.Int64).alias("n_steps"), "growth_bytes_per_step",
-        "steps_grown_frac",
+        "steps_grown_frac", pl.col("steps_allocating_frac").fill_null(0.0),
         *(pl.col(c).fill_null(0).cast(pl.Float64).truediv(n).alias(a) for c, a in (
             ("_na", "allocs_per_step"), ("_nf", "frees_per_step"),
             ("_ba", "alloc_bytes_per_step"), ("_bf", "free_bytes_per_step"),
@@ -297,11 +301,11 @@ def _per_step(dev: pl.DataFrame, lv: pl.DataFrame, steady: pl.DataFrame | None
 def _in_steps(ev: pl.DataFrame, bounds: pl.DataFrame) -> pl.DataFrame:
     """The events whose start lies in one of the steps (``start_ns``, ``end_ns``)."""
     b = bounds.sort("start_ns").select(pl.col("start_ns").alias("_s"),
-                                       pl.col("end_ns").alias("_e"))
+                                       pl.col("end_ns").alias("_e"), pl.col("step").alias("_step"))
     got = ev.sort("start_ns").join_asof(b, left_on="start_ns", right_on="_s",
                                         strategy="backward")
     return got.filter(pl.col("_e").is_not_null() & (pl.col("start_ns") < pl.col("_e"))) \
-        .drop("_s", "_e")
+        .drop("_s", "_e")  # (keeps _step)
 
 
 def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
