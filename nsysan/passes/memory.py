@@ -188,8 +188,9 @@ def _curve(ev: pl.DataFrame, lo: int, hi: int, bins: int, trace_id: str) -> pl.D
         pl.col("reserved").max().alias("pool_size_bytes_max"),
         pl.col("utilized").max().alias("pool_utilized_bytes_max"))
     first = per_bin.group_by(KEY).agg(pl.col("bin").min().alias("_first"))
-    grid = (first.with_columns(pl.int_ranges("_first", n_bins, dtype=pl.Int64).alias("bin"))
-            .explode("bin").drop("_first"))
+    grid = (first.join(pl.DataFrame({"bin": pl.int_range(n_bins, dtype=pl.Int64, eager=True)}),
+                       how="cross")
+            .filter(pl.col("bin") >= pl.col("_first")).drop("_first"))
     df = (grid.join(per_bin, on=[*KEY, "bin"], how="left")
           .join(counts, on=[*KEY, "bin"], how="left")
           .join(pools, on=[*KEY, "bin"], how="left")
@@ -199,7 +200,8 @@ def _curve(ev: pl.DataFrame, lo: int, hi: int, bins: int, trace_id: str) -> pl.D
         pl.lit(trace_id).alias("trace_id"),
         (lo + pl.col("bin") * width).alias("start_ns"),
         pl.min_horizontal(lo + (pl.col("bin") + 1) * width, pl.lit(hi)).alias("end_ns"),
-        pl.max_horizontal("_max", end.shift(1).over(KEY)).alias("in_use_bytes_max"),
+        pl.max_horizontal("_max", end.shift(1).over(KEY).fill_null(0))
+        .alias("in_use_bytes_max"),
         end.alias("in_use_bytes_end"),
         *(pl.col(c).fill_null(0) for c in ("alloc_bytes", "free_bytes", "n_allocs", "n_frees")),
     )

@@ -1,0 +1,291 @@
+"""The memory pass and its findings, against brute force over the exported rows.
+
+The brute force reads CUDA_GPU_MEMORY_USAGE_EVENTS straight from the SQLite file (not through
+the loader) and walks it in plain Python loops: the level at time t is the sum of the
+allocations minus the frees with start <= t.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import REPO_ROOT
+from row_order import shuffled_copy
+
+from nsysan.api import analyze, analyze_to_dir
+from nsysan.errors import ConfigError, SchemaError
+from nsysan.load import open_trace
+from nsysan.testing._memory import ACT_BYTES, CASES, DEVICE_TOTAL, MIB, PID, memory_case
+from nsysan.testing.synth import TraceBuilder
+
+MEMORY_CODES = {"MEMORY_NEAR_OOM", "MEMORY_GROWTH", "POOL_FRAGMENTATION", "MEMORY_CHURN"}
+EXPECTED = {"sawtooth": {"MEMORY_CHURN"}, "leak": {"MEMORY_GROWTH"},
+            "pool": {"POOL_FRAGMENTATION"}, "near_oom": {"MEMORY_NEAR_OOM"}}
+KINDS = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
+         5: "device_static", 6: "managed_static", 7: "unknown"}
+DEVICE_KINDS = ("device", "array", "device_static")
+LAYOUTS = ("2022.4", "2023.4")
+
+
+# ---------------------------------------------------------------------------------------------
+# brute force
+# ---------------------------------------------------------------------------------------------
+def raw_events(path: Path) -> list[dict]:
+    con = sqlite3.connect(path)
+    try:
+        cols = [r[1] for r in con.execute("PRAGMA table_info(CUDA_GPU_MEMORY_USAGE_EVENTS)")]
+        rows = con.execute("SELECT * FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchall()
+        duration = con.execute("SELECT duration FROM ANALYSIS_DETAILS").fetchone()[0]
+    finally:
+        con.close()
+    out = []
+    for row in rows:
+        r = dict(zip(cols, row, strict=True))
+        sign = 1 if r["memoryOperationType"] == 0 else -1
+        out.append({"t": r["start"], "pid": (r["globalPid"] >> 24) & 0xFFFFFF,
+                    "dev": r["deviceId"], "kind": KINDS[r["memKind"]],
+                    "signed": sign * r["bytes"], "alloc": sign > 0, "bytes": r["bytes"],
+                    "pool": r.get("localMemoryPoolAddress"),
+                    "size": r.get("localMemoryPoolSize"),
+                    "used": r.get("localMemoryPoolUtilizedSize")})
+    out.append({"duration": duration})
+    return out
+
+
+def level(events: list[dict], t: int, *, strict: bool = False) -> int:
+    total = 0
+    for e in events:
+        if e["t"] < t or (not strict and e["t"] == t):
+            total += e["signed"]
+    return total
+
+
+def brute_curve(events: list[dict], duration: int, bins: int) -> dict:
+    width = max(-(-duration // bins), 1)
+    n_bins = -(-duration // width)
+    keys = sorted({(e["dev"], e["pid"], e["kind"]) for e in events})
+    out = {}
+    for key in keys:
+        mine = [e for e in events if (e["dev"], e["pid"], e["kind"]) == key]
+        first_bin = min(e["t"] for e in mine) // width
+        for b in range(first_bin, n_bins):
+            lo, hi = b * width, min((b + 1) * width, duration)
+            best = level(mine, lo, strict=True)
+            for e in mine:
+                if lo <= e["t"] < hi:
+                    best = max(best, level(mine, e["t"]))
+            out[(*key, b)] = (lo, hi, best, level(mine, hi, strict=True))
+    return out
+
+
+def brute_peak(events: list[dict]) -> tuple[int, int]:
+    best, when = None, None
+    for t in sorted({e["t"] for e in events}):
+        v = level(events, t)
+        if best is None or v > best:
+            best, when = v, t
+    return best, when
+
+
+def device_events(events: list[dict], pid: int | None = None) -> list[dict]:
+    return [e for e in events if e["kind"] in DEVICE_KINDS and (pid is None or e["pid"] == pid)]
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    d = tmp_path_factory.mktemp("memory")
+    return {(case, layout): memory_case(d / f"{case}_{layout}.sqlite", case, layout)
+            for case in CASES for layout in LAYOUTS}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES)
+def test_planted_case_gives_its_finding_and_no_other(cases, case, layout):
+    r = analyze(cases[(case, layout)])
+    got = {f.code for f in r.diagnosis.findings} & MEMORY_CODES
+    assert got == EXPECTED[case]
+    peak = next(i for i in r.diagnosis.baseline.items if i.key == "memory_used_bytes")
+    raw = raw_events(cases[(case, layout)])[:-1]
+    assert peak.value == brute_peak(device_events(raw))[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES)
+def test_tables_equal_brute_force(cases, case, layout):
+    path = cases[(case, layout)]
+    r = analyze(path, passes=["steps", "memory"], settings={"memory.bins": "37"},
+                findings=False)
+    raw = raw_events(path)
+    duration, events = raw[-1]["duration"], raw[:-1]
+    curve = r.results["memory"].tables["memory"]
+    want = brute_curve(events, duration, 37)
+    got = {(row["device_id"], row["pid"], row["mem_kind"], row["bin"]):
+           (row["start_ns"], row["end_ns"], row["in_use_bytes_max"], row["in_use_bytes_end"])
+           for row in curve.iter_rows(named=True)}
+    assert got == want
+    summary = r.results["memory"].tables["memory_summary"].row(0, named=True)
+    dev = device_events(events, PID)
+    assert (summary["peak_bytes"], summary["peak_ns"]) == brute_peak(dev)
+    assert summary["device_total_bytes"] == DEVICE_TOTAL
+    assert summary["margin_bytes"] == DEVICE_TOTAL - brute_peak(device_events(events))[0]
+    steps = r.results["steps"].tables["steps"].sort("start_ns")
+    steady = steps.filter(~pl.col("warmup")) if not steps["warmup"].all() else steps
+    bounds = list(zip(steady["start_ns"], steady["end_ns"], strict=True))
+    n = len(bounds)
+    growth = (level(dev, bounds[-1][1], strict=True) - level(dev, bounds[0][0], strict=True)) / n
+    assert summary["growth_bytes_per_step"] == pytest.approx(growth)
+    grown = sum(level(dev, e, strict=True) > level(dev, s, strict=True) for s, e in bounds)
+    assert summary["steps_grown_frac"] == pytest.approx(grown / n)
+    inside = [e for e in dev if any(s <= e["t"] < x for s, x in bounds)]
+    assert summary["allocs_per_step"] == pytest.approx(sum(e["alloc"] for e in inside) / n)
+    assert summary["free_bytes_per_step"] == pytest.approx(
+        sum(e["bytes"] for e in inside if not e["alloc"]) / n)
+    if case == "leak":
+        assert growth == 16 * MIB
+    if case == "pool":
+        assert summary["pool_reserved_peak_bytes"] == n * ACT_BYTES
+        assert summary["pool_growths_with_slack"] == n - 1
+
+
+def test_curve_of_random_events_equals_brute_force(tmp_path):
+    """Two processes, two devices, several kinds, ties at one timestamp, out of order."""
+    rng = random.Random(7)
+    b = TraceBuilder()
+    for pid in (10, 20):
+        b.add_api(b.add_process(pid), 0, 1_000, "cudaGetDevice")
+    b.add_gpu(0)
+    b.add_gpu(1)
+    live: dict[tuple, list[int]] = {}
+    for i in range(400):
+        pid, dev = rng.choice((10, 20)), rng.choice((0, 1))
+        kind = rng.choice(("device", "pinned", "managed", "device"))
+        t = rng.randrange(0, 50) * 100_000
+        held = live.setdefault((pid, dev, kind), [])
+        if held and rng.random() < 0.4:
+            nbytes = held.pop(rng.randrange(len(held)))
+            b.add_memory_event(pid, t, nbytes, "free", address=i, device_id=dev, mem_kind=kind)
+        else:
+            nbytes = rng.randrange(1, 1 << 30)
+            held.append(nbytes)
+            b.add_memory_event(pid, t, nbytes, "alloc", address=i, device_id=dev,
+                               mem_kind=kind)
+    path = b.write(tmp_path / "random.sqlite")
+    r = analyze(path, passes=["memory"], settings={"memory.bins": "23"}, findings=False)
+    raw = raw_events(path)
+    want = brute_curve(raw[:-1], raw[-1]["duration"], 23)
+    curve = r.results["memory"].tables["memory"]
+    got = {(row["device_id"], row["pid"], row["mem_kind"], row["bin"]):
+           (row["start_ns"], row["end_ns"], row["in_use_bytes_max"], row["in_use_bytes_end"])
+           for row in curve.iter_rows(named=True)}
+    assert got == want
+    summary = r.results["memory"].tables["memory_summary"]
+    for row in summary.iter_rows(named=True):
+        mine = [e for e in device_events(raw[:-1]) if e["pid"] == row["pid"]
+                and e["dev"] == row["device_id"]]
+        assert (row["peak_bytes"], row["peak_ns"]) == brute_peak(mine)
+        assert row["n_steps"] == 0 and row["growth_bytes_per_step"] is None
+    # row order is not data
+    copy = tmp_path / "shuffled.sqlite"
+    assert "CUDA_GPU_MEMORY_USAGE_EVENTS" in shuffled_copy(path, copy)
+    r2 = analyze(copy, passes=["memory"], settings={"memory.bins": "23"}, findings=False)
+    for name in ("memory", "memory_summary"):
+        a = r.results["memory"].tables[name].drop("trace_id")
+        assert a.equals(r2.results["memory"].tables[name].drop("trace_id"))
+
+
+def test_events_join_their_call_and_nvtx_site(cases):
+    ev = open_trace(cases[("sawtooth", "2023.4")]).memory_events
+    allocs = ev.filter((pl.col("op") == "alloc") & (pl.col("bytes") == ACT_BYTES))
+    assert set(allocs["api_name"]) == {"cudaMalloc"} and set(allocs["nvtx_name"]) == {"forward"}
+    frees = ev.filter(pl.col("op") == "free")
+    assert set(frees["api_name"]) == {"cudaFree"} and set(frees["nvtx_name"]) == {"backward"}
+    assert (ev["api_start_ns"] <= ev["start_ns"]).all()
+    assert (ev["start_ns"] <= ev["api_end_ns"]).all()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_export_without_pool_columns(tmp_path, layout):
+    path = memory_case(tmp_path / "p.sqlite", "pool", layout, pool_columns=False)
+    r = analyze(path)
+    assert r.results["memory"].tables["memory"]["pool_size_bytes_max"].null_count() \
+        == r.results["memory"].tables["memory"].height
+    assert "POOL_FRAGMENTATION" in r.diagnosis.unavailable
+    assert not {f.code for f in r.diagnosis.findings} & MEMORY_CODES
+
+
+# ---------------------------------------------------------------------------------------------
+# traces without events: nothing changes
+# ---------------------------------------------------------------------------------------------
+def _no_memory_outputs(path: Path, out: Path) -> None:
+    _, target = analyze_to_dir(path, out)
+    names = {p.name for p in Path(target).iterdir()}
+    assert not {"memory.parquet", "memory_summary.parquet"} & names
+    manifest = json.loads((Path(target) / "manifest.json").read_text())
+    assert "memory" not in manifest["passes"]
+    assert "memory_events" not in json.dumps(manifest)
+    findings = (Path(target) / "findings.json").read_text()
+    for code in ("MEMORY_NEAR_OOM", "MEMORY_GROWTH", "POOL_FRAGMENTATION"):
+        assert code not in findings
+
+
+def test_fixture_without_events_is_unchanged(tmp_path):
+    _no_memory_outputs(REPO_ROOT / "fixtures" / "example_ddp.sqlite", tmp_path)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_empty_table_is_like_no_table(tmp_path, layout):
+    path = memory_case(tmp_path / "x.sqlite", "sawtooth", layout)
+    # the same trace with the table present and empty (nsys --lazy=false without the option)
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM CUDA_GPU_MEMORY_USAGE_EVENTS")
+    con.commit()
+    con.close()
+    trace = open_trace(path)
+    assert trace.memory_events.is_empty() and trace.has("memory_events")
+    assert "memory_events" not in trace.meta.quality
+    _no_memory_outputs(path, tmp_path / "out")
+
+
+def test_shared_trace_without_events(shared_traces, tmp_path):
+    path = shared_traces / "sc22-ddp-4gpu-nccl" / "4gpu_baseline.nsys-rep.nsys2023.4.4.sqlite"
+    _no_memory_outputs(path, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# failure paths
+# ---------------------------------------------------------------------------------------------
+def test_bad_params_are_config_errors(cases):
+    with pytest.raises(ConfigError, match="bins"):
+        analyze(cases[("leak", "2022.4")], settings={"memory.bins": "0"})
+    with pytest.raises(ConfigError, match="near_oom_warn_frac"):
+        analyze(cases[("leak", "2022.4")], settings={"memory.near_oom_warn_frac": "2"})
+
+
+def test_table_without_required_column_is_a_schema_error(tmp_path):
+    path = memory_case(tmp_path / "x.sqlite", "leak")
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE CUDA_GPU_MEMORY_USAGE_EVENTS DROP COLUMN bytes")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaError, match=r"CUDA_GPU_MEMORY_USAGE_EVENTS.*bytes"):
+        open_trace(path).memory_events  # noqa: B018
+
+
+def test_host_memory_only_is_not_evaluated(tmp_path):
+    b = TraceBuilder()
+    b.add_api(b.add_process(PID), 0, 500, "cudaHostAlloc")
+    b.add_gpu(0)
+    b.add_memory_event(PID, 1000, MIB, "alloc", address=1, mem_kind="pinned")
+    r = analyze(b.write(tmp_path / "pinned.sqlite"))
+    assert r.results["memory"].tables["memory"].height > 0
+    assert r.results["memory"].tables["memory_summary"].is_empty()
+    assert {"MEMORY_NEAR_OOM", "MEMORY_GROWTH", "POOL_FRAGMENTATION"} <= set(
+        r.diagnosis.unavailable)
+    assert r.results["memory"].metrics["n_events"] == 1
+    assert "peak_memory_bytes" not in r.results["memory"].metrics
