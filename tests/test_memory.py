@@ -289,3 +289,26 @@ def test_host_memory_only_is_not_evaluated(tmp_path):
         r.diagnosis.unavailable)
     assert r.results["memory"].metrics["n_events"] == 1
     assert "peak_memory_bytes" not in r.results["memory"].metrics
+
+
+def test_timeline_in_use_lane_equals_brute_force(cases):
+    from nsysan.report import plots
+
+    path = cases[("near_oom", "2022.4")]
+    r = analyze(path)
+    tables = {n: df for res in r.results.values() for n, df in res.tables.items()}
+    (tl,) = plots.device_timelines(r.trace, tables, None, n_bins=50)
+    lane = tl.lanes["memory in use"]
+    dev = device_events(raw_events(path)[:-1])
+    edges = tl.edges.tolist()
+    for i in range(len(edges) - 1):
+        lo, hi = edges[i], edges[i + 1]
+        best = level(dev, lo, strict=True)
+        for e in dev:
+            if lo <= e["t"] < hi or (i == len(edges) - 2 and e["t"] == hi):
+                best = max(best, level(dev, e["t"]))
+        assert lane[i] == pytest.approx(best / DEVICE_TOTAL)
+    assert lane.max() == pytest.approx(0.99, abs=1e-9)
+    without = {n: df for n, df in tables.items() if not n.startswith("memory")}
+    (plain,) = plots.device_timelines(r.trace, without, None, n_bins=50)
+    assert "memory in use" not in plain.lanes

@@ -33,7 +33,8 @@ Semantics:
   had room — the fragmentation proxy. Counted inside the steady window (the span of the
   steady steps; the whole trace without steps).
 - ``top_alloc_site``: the NVTX range (innermost, on the allocating thread) whose calls
-  allocated the most device-resident bytes.
+  allocated the most device-resident bytes in the steady steps (in the whole trace without
+  steps).
 
 A trace whose export holds no memory-usage events gets no tables and no metrics: the pass
 is then only run when asked for (see `nsysan.passes.registry.auto_passes`).
@@ -252,7 +253,8 @@ def _summary(trace: Trace, ev: pl.DataFrame, params: MemoryParams,
         (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
     out = out.join(_per_step(dev, lv, steady), on=DP, how="left")
     out = out.join(_pools(dev, steady), on=DP, how="left")
-    out = out.join(_sites(dev), on=DP, how="left")
+    out = out.join(_sites(dev if steady is None else _in_steps(
+        dev, steady.select("step", "start_ns", "end_ns"))), on=DP, how="left")
     return out.with_columns(pl.lit(trace.trace_id).alias("trace_id"),
                             pl.col("n_steps").fill_null(0)).sort(DP)
 

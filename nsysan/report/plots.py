@@ -29,7 +29,7 @@ from nsysan.report.jsonout import atomic_write
 CLASSES = ("compute", "nccl", "h2d", "d2h", "d2d", "p2p", "memset")
 _COLORS = {"compute": "#2e7d32", "nccl": "#1565c0", "h2d": "#ef6c00", "d2h": "#8e24aa",
            "d2d": "#6d4c41", "p2p": "#00838f", "memset": "#757575",
-           "exposed nccl": "#c62828", "idle": "#bdbdbd"}
+           "exposed nccl": "#c62828", "idle": "#bdbdbd", "memory in use": "#6a1b9a"}
 MAX_GAPS = 300  # longest gaps drawn per device (all are in gaps.parquet)
 MAX_STEP_LINES = 400
 
@@ -139,6 +139,10 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
             lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
                                             - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
+        if "memory" in tables:  # only when the memory pass found memory-usage events
+            share = _memory_share(trace, int(dev), edges)
+            if share is not None:
+                lanes["memory in use"] = share
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
                                  "cause_detail": pl.String})
@@ -148,6 +152,39 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                  .select(g.columns).sort("start_ns"))
         out.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
     return out
+
+
+def _memory_share(trace: Trace, dev: int, edges: np.ndarray) -> np.ndarray | None:
+    """Per bin, the highest device memory in use (device-resident kinds of every process, as
+    the memory pass counts them by default) as a share of the device's memory, exactly: the
+    level a bin starts with or reaches after any of its events. None when the device's
+    memory size is unknown or it has no such events."""
+    from nsysan.passes.memory import MemoryParams
+
+    gpus = trace.frame("gpus") if trace.has("gpus") else None
+    total = (gpus.filter(pl.col("device_id") == dev)["total_memory_bytes"].max()
+             if gpus is not None else None)
+    if not isinstance(total, int) or total <= 0:
+        return None
+    ev = (trace.memory_events.filter(
+        (pl.col("device_id") == dev) & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds))
+        & pl.col("op").is_not_null())
+        .group_by("start_ns").agg(pl.when(pl.col("op") == "alloc").then(pl.col("bytes"))
+                                  .otherwise(-pl.col("bytes")).sum().alias("d"))
+        .sort("start_ns"))
+    if ev.is_empty():
+        return None
+    t = ev["start_ns"].to_numpy()
+    lvl = np.cumsum(ev["d"].to_numpy())
+    first = np.searchsorted(t, edges[:-1], side="left")
+    last = np.searchsorted(t, edges[1:], side="left")
+    last[-1] = np.searchsorted(t, edges[-1], side="right")  # the last bin holds its end
+    level = np.where(first > 0, lvl[np.maximum(first - 1, 0)], 0)
+    has = last > first
+    if has.any():
+        level[has] = np.maximum(level[has],
+                                np.maximum.reduceat(lvl[:last[-1]], first[has]))
+    return np.clip(level / total, 0, 1)
 
 
 # ---------------------------------------------------------------------------------------------
