@@ -45,10 +45,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
 from nsysan.frames.trace import Trace
+from nsysan.passes import memory_levels as ml
 from nsysan.passes.base import PassResult, PassSpec, Results
 
 KEY = ["device_id", "pid", "mem_kind"]
@@ -100,7 +102,6 @@ def has_events(trace: Trace) -> bool:
         return trace.frame("memory_events").height > 0
     return False
 
-
 def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
     if not has_events(trace):
         return PassResult()
@@ -108,9 +109,6 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
                                     & pl.col("device_id").is_not_null())
     if ev.is_empty():
         return PassResult()
-    ev = ev.with_columns(
-        pl.when(pl.col("op") == "alloc").then(pl.col("bytes")).otherwise(-pl.col("bytes"))
-        .alias("_signed"))
     lo, hi = _span(trace, ev)
     curve = _curve(ev, lo, hi, params.bins, trace.trace_id)
     steady = _steady_steps(results)
@@ -140,11 +138,13 @@ def _span(trace: Trace, ev: pl.DataFrame) -> tuple[int, int]:
     return int(first), int(last) + 1
 
 
-def levels(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """One row per ``by`` key and timestamp: the level after every event at that time."""
-    return (ev.group_by([*by, "start_ns"]).agg(pl.col("_signed").sum())
-            .sort([*by, "start_ns"])
-            .with_columns(pl.col("_signed").cum_sum().over(by).alias("level")))
+
+def _arrays(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Start times, allocation flags, bytes and signed bytes of the rows of ``ev``."""
+    t = ev["start_ns"].to_numpy()
+    alloc = (ev["op"] == "alloc").to_numpy()
+    nbytes = ev["bytes"].to_numpy()
+    return t, alloc, nbytes, np.where(alloc, nbytes, -nbytes)
 
 
 def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
@@ -172,40 +172,33 @@ def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             .select(*by, "start_ns", pl.col("_dr").cum_sum().over(by).alias("reserved"),
                     pl.col("_du").cum_sum().over(by).alias("utilized")))
 
-
 def _curve(ev: pl.DataFrame, lo: int, hi: int, bins: int, trace_id: str) -> pl.DataFrame:
     width = max(-(-(hi - lo) // bins), 1)
     n_bins = -(-(hi - lo) // width)
-    bin_of = ((pl.col("start_ns") - lo) // width).clip(0, n_bins - 1).alias("bin")
-    lv = levels(ev, KEY).with_columns(bin_of)
-    per_bin = lv.group_by([*KEY, "bin"]).agg(
-        pl.col("level").max().alias("_max"), pl.col("level").last().alias("_last"))
-    counts = ev.with_columns(bin_of).group_by([*KEY, "bin"]).agg(
-        pl.col("bytes").filter(pl.col("op") == "alloc").sum().alias("alloc_bytes"),
-        pl.col("bytes").filter(pl.col("op") == "free").sum().alias("free_bytes"),
-        (pl.col("op") == "alloc").sum().cast(pl.Int64).alias("n_allocs"),
-        (pl.col("op") == "free").sum().cast(pl.Int64).alias("n_frees"))
-    pools = _pool_totals(ev, KEY).with_columns(bin_of).group_by([*KEY, "bin"]).agg(
-        pl.col("reserved").max().alias("pool_size_bytes_max"),
-        pl.col("utilized").max().alias("pool_utilized_bytes_max"))
-    first = per_bin.group_by(KEY).agg(pl.col("bin").min().alias("_first"))
-    grid = (first.join(pl.DataFrame({"bin": pl.int_range(n_bins, dtype=pl.Int64, eager=True)}),
-                       how="cross")
-            .filter(pl.col("bin") >= pl.col("_first")).drop("_first"))
-    df = (grid.join(per_bin, on=[*KEY, "bin"], how="left")
-          .join(counts, on=[*KEY, "bin"], how="left")
-          .join(pools, on=[*KEY, "bin"], how="left")
-          .sort([*KEY, "bin"]))
-    end = pl.col("_last").forward_fill().over(KEY)
-    return df.with_columns(
+    t, alloc, nbytes, signed = _arrays(ev)
+    lv = ml.levels(ev, KEY, t, signed)
+    got = ml.binned(lv, lo, width, n_bins, t, alloc, nbytes)
+    live = got.pop("live")
+    at = np.flatnonzero(live)
+    bin_no = at % n_bins
+    df = lv.keys[at // n_bins].with_columns(
+        pl.Series("bin", bin_no, pl.Int64),
+        pl.Series("start_ns", lo + bin_no * width, pl.Int64),
+        pl.Series("end_ns", np.minimum(lo + (bin_no + 1) * width, hi), pl.Int64),
+        pl.Series("in_use_bytes_max", got["max"][at], pl.Int64),
+        pl.Series("in_use_bytes_end", got["end"][at], pl.Int64),
+        *(pl.Series(c, got[c][at], pl.Int64)
+          for c in ("alloc_bytes", "free_bytes", "n_allocs", "n_frees")),
         pl.lit(trace_id).alias("trace_id"),
-        (lo + pl.col("bin") * width).alias("start_ns"),
-        pl.min_horizontal(lo + (pl.col("bin") + 1) * width, pl.lit(hi)).alias("end_ns"),
-        pl.max_horizontal("_max", end.shift(1).over(KEY).fill_null(0))
-        .alias("in_use_bytes_max"),
-        end.alias("in_use_bytes_end"),
-        *(pl.col(c).fill_null(0) for c in ("alloc_bytes", "free_bytes", "n_allocs", "n_frees")),
     )
+    bin_of = ((pl.col("start_ns") - lo) // width).clip(0, n_bins - 1).alias("bin")
+    pools = _pool_totals(ev, KEY)
+    if pools.height:
+        per_bin = pools.with_columns(bin_of).group_by([*KEY, "bin"]).agg(
+            pl.col("reserved").max().alias("pool_size_bytes_max"),
+            pl.col("utilized").max().alias("pool_utilized_bytes_max"))
+        df = df.join(per_bin, on=[*KEY, "bin"], how="left", maintain_order="left")
+    return df
 
 
 def _steady_steps(results: Results) -> pl.DataFrame | None:
@@ -217,99 +210,86 @@ def _steady_steps(results: Results) -> pl.DataFrame | None:
     return (steady if not steady.is_empty() else steps).sort("start_ns", "step")
 
 
-def _level_at(lv: pl.DataFrame, times: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """``times`` (``by`` + ``t``) with ``level``: the level from the events before ``t``."""
-    q = times.with_columns((pl.col("t") - 1).alias("_q")).sort("_q")
-    got = q.join_asof(lv.select(*by, "start_ns", "level").sort("start_ns"), left_on="_q",
-                      right_on="start_ns", by=by, strategy="backward",
-                      check_sortedness=False)  # (sorted by time overall, so within groups)
-    return got.with_columns(pl.col("level").fill_null(0)).drop("_q", "start_ns")
-
-
 def _summary(trace: Trace, ev: pl.DataFrame, params: MemoryParams,
              steady: pl.DataFrame | None) -> pl.DataFrame:
     dev = ev.filter(pl.col("mem_kind").is_in(list(params.device_kinds)))
     if dev.is_empty():
         return schemas.empty(schemas.MEMORY_SUMMARY)
-    lv = levels(dev, DP)
-    peaks = (lv.sort([*DP, "level", "start_ns"], descending=[False, False, True, False])
-             .group_by(DP, maintain_order=True).first()
-             .select(*DP, pl.col("level").alias("peak_bytes"),
-                     pl.col("start_ns").alias("peak_ns")))
-    dlv = levels(dev, ["device_id"])
-    dpeaks = (dlv.sort(["device_id", "level", "start_ns"], descending=[False, True, False])
-              .group_by("device_id", maintain_order=True).first()
-              .select("device_id", pl.col("level").alias("device_peak_bytes"),
-                      pl.col("start_ns").alias("device_peak_ns")))
+    t, alloc, nbytes, signed = _arrays(dev)
+    lv = ml.levels(dev, DP, t, signed)
+    peak, peak_ns = lv.peaks()
+    dlv = ml.levels(dev, ["device_id"], t, signed)
+    dpeak, dpeak_ns = dlv.peaks()
     gpus = trace.frame("gpus") if trace.has("gpus") else schemas.empty(schemas.GPUS)
     totals = (gpus.select("device_id", pl.col("total_memory_bytes").alias("device_total_bytes"))
               .unique("device_id", keep="first").sort("device_id"))
-    out = (peaks.join(dpeaks, on="device_id", how="left")
-           .join(totals, on="device_id", how="left")
-           .join(dev.group_by(DP).agg(pl.len().cast(pl.Int64).alias("n_events")), on=DP)
+    out = lv.keys.with_columns(
+        pl.Series("peak_bytes", peak, pl.Int64), pl.Series("peak_ns", peak_ns, pl.Int64),
+        pl.Series("n_events", np.bincount(lv.kid_raw, minlength=lv.n_keys), pl.Int64))
+    out = (out.join(dlv.keys.with_columns(pl.Series("device_peak_bytes", dpeak, pl.Int64),
+                                          pl.Series("device_peak_ns", dpeak_ns, pl.Int64)),
+                    on="device_id", how="left", maintain_order="left")
+           .join(totals, on="device_id", how="left", maintain_order="left")
            .with_columns((pl.col("device_total_bytes") - pl.col("device_peak_bytes"))
                          .alias("margin_bytes")))
     out = out.with_columns(
         (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
-    out = out.join(_per_step(dev, lv, steady), on=DP, how="left")
-    out = out.join(_pools(dev, steady), on=DP, how="left")
-    out = out.join(_sites(dev if steady is None else _in_steps(
-        dev, steady.select("step", "start_ns", "end_ns"))), on=DP, how="left")
-    return out.with_columns(pl.lit(trace.trace_id).alias("trace_id"),
-                            pl.col("n_steps").fill_null(0)).sort(DP)
+    inside = None
+    if steady is not None:
+        step = ml.in_steps(t, steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy())
+        inside = step >= 0
+        out = out.with_columns(**_per_step(dev, lv, steady, step, alloc, nbytes))
+    else:
+        out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
+    out = out.join(_pools(dev, steady), on=DP, how="left", maintain_order="left")
+    sites = dev.filter(pl.Series(inside)) if inside is not None else dev
+    out = out.join(_sites(sites), on=DP, how="left", maintain_order="left")
+    return out.with_columns(pl.lit(trace.trace_id).alias("trace_id")).sort(DP)
 
 
-def _per_step(dev: pl.DataFrame, lv: pl.DataFrame, steady: pl.DataFrame | None
-              ) -> pl.DataFrame:
-    keys = dev.select(DP).unique()
-    if steady is None:
-        return keys.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
-    n = steady.height
-    bounds = steady.select("step", "start_ns", "end_ns")
-    per = keys.join(bounds, how="cross")
-    s = _level_at(lv, per.select(*DP, "step", pl.col("start_ns").alias("t")), DP)
-    e = _level_at(lv, per.select(*DP, "step", pl.col("end_ns").alias("t")), DP)
-    delta = s.join(e.drop("t"), on=[*DP, "step"], suffix="_end").with_columns(
-        (pl.col("level_end") - pl.col("level")).alias("_d"))
-    first_start, last_end = int(steady["start_ns"].min()), int(steady["end_ns"].max())
-    span = _level_at(lv, keys.with_columns(pl.lit(first_start).alias("t")), DP).join(
-        _level_at(lv, keys.with_columns(pl.lit(last_end).alias("t")), DP), on=DP,
-        suffix="_end")
-    growth = span.select(*DP, ((pl.col("level_end") - pl.col("level")) / n)
-                         .alias("growth_bytes_per_step"))
-    grown = delta.group_by(DP).agg(((pl.col("_d") > 0).sum() / n).alias("steps_grown_frac"))
-    inside = _in_steps(dev, bounds)
-    repeat = (inside.filter(pl.col("op") == "alloc").group_by(DP)
-              .agg((pl.col("_step").n_unique() / n).alias("steps_allocating_frac")))
-    calls = (inside.filter(pl.col("api_start_ns").is_not_null())
-             .unique(["global_pid", "correlation_id", *DP], keep="first")
-             .group_by(DP).agg((pl.col("api_end_ns") - pl.col("api_start_ns")).sum()
-                               .alias("_api_ns")))
-    act = inside.group_by(DP).agg(
-        (pl.col("op") == "alloc").sum().alias("_na"), (pl.col("op") == "free").sum()
-        .alias("_nf"),
-        pl.col("bytes").filter(pl.col("op") == "alloc").sum().alias("_ba"),
-        pl.col("bytes").filter(pl.col("op") == "free").sum().alias("_bf"))
-    out = (keys.join(growth, on=DP, how="left").join(grown, on=DP, how="left")
-           .join(act, on=DP, how="left").join(calls, on=DP, how="left")
-           .join(repeat, on=DP, how="left"))
-    return out.select(
-        *DP, pl.lit(n, pl.Int64).alias("n_steps"), "growth_bytes_per_step",
-        "steps_grown_frac", pl.col("steps_allocating_frac").fill_null(0.0),
-        *(pl.col(c).fill_null(0).cast(pl.Float64).truediv(n).alias(a) for c, a in (
-            ("_na", "allocs_per_step"), ("_nf", "frees_per_step"),
-            ("_ba", "alloc_bytes_per_step"), ("_bf", "free_bytes_per_step"),
-            ("_api_ns", "api_ns_per_step"))))
+def _per_step(dev: pl.DataFrame, lv: ml.Levels, steady: pl.DataFrame, step: np.ndarray,
+              alloc: np.ndarray, nbytes: np.ndarray) -> dict[str, pl.Series]:
+    """The per-step columns of every key of ``lv`` (``step``: each event's steady step)."""
+    n, n_keys = steady.height, lv.n_keys
+    starts, ends = steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy()
+    growth = np.zeros(n_keys)
+    grown = np.zeros(n_keys)
+    for k in range(n_keys):  # one iteration per key, each a vectorised search of its events
+        at_start, at_end = lv.before(k, starts), lv.before(k, ends)
+        span = lv.before(k, np.array([starts.min(), ends.max()]))
+        growth[k] = (span[1] - span[0]) / n
+        grown[k] = (at_end > at_start).sum() / n
+    inside = step >= 0
+    kid = lv.kid_raw[inside]
+    a, b = alloc[inside], nbytes[inside]
 
+    def per(values: np.ndarray) -> np.ndarray:
+        return np.bincount(kid, weights=values, minlength=n_keys) / n
 
-def _in_steps(ev: pl.DataFrame, bounds: pl.DataFrame) -> pl.DataFrame:
-    """The events whose start lies in one of the steps (``start_ns``, ``end_ns``)."""
-    b = bounds.sort("start_ns").select(pl.col("start_ns").alias("_s"),
-                                       pl.col("end_ns").alias("_e"), pl.col("step").alias("_step"))
-    got = ev.sort("start_ns").join_asof(b, left_on="start_ns", right_on="_s",
-                                        strategy="backward")
-    return got.filter(pl.col("_e").is_not_null() & (pl.col("start_ns") < pl.col("_e"))) \
-        .drop("_s", "_e")  # (keeps _step)
+    stepped = np.unique(kid[a] * n + step[inside][a])
+    allocating = np.bincount(stepped // n, minlength=n_keys) / n
+    # host time of the distinct calls (one call can make several events)
+    api_s, api_e = (dev[c].to_numpy(allow_copy=True)[inside]
+                    for c in ("api_start_ns", "api_end_ns"))
+    has = ~dev["api_start_ns"].is_null().to_numpy()[inside]
+    gp = dev["global_pid"].to_numpy()[inside]
+    corr = dev["correlation_id"].fill_null(-1).to_numpy()[inside]
+    o = np.lexsort((corr, gp, kid))
+    first = np.r_[True, (kid[o][1:] != kid[o][:-1]) | (gp[o][1:] != gp[o][:-1])
+                  | (corr[o][1:] != corr[o][:-1])]
+    take = o[first & has[o]]
+    api = np.bincount(kid[take], weights=(api_e[take] - api_s[take]).astype(np.float64),
+                      minlength=n_keys) / n
+    return {
+        "n_steps": pl.Series([n] * n_keys, dtype=pl.Int64),
+        "growth_bytes_per_step": pl.Series(growth), "steps_grown_frac": pl.Series(grown),
+        "steps_allocating_frac": pl.Series(allocating),
+        "allocs_per_step": pl.Series(per(a.astype(np.float64))),
+        "frees_per_step": pl.Series(per((~a).astype(np.float64))),
+        "alloc_bytes_per_step": pl.Series(per(np.where(a, b, 0).astype(np.float64))),
+        "free_bytes_per_step": pl.Series(per(np.where(a, 0, b).astype(np.float64))),
+        "api_ns_per_step": pl.Series(api),
+    }
 
 
 def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
@@ -338,6 +318,7 @@ def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
     counts = grew.group_by(DP).agg(pl.len().cast(pl.Int64).alias("pool_growths"),
                                    slack.sum().cast(pl.Int64).alias("pool_growths_with_slack"))
     return peak.join(counts, on=DP, how="full", coalesce=True)
+
 
 
 def _sites(dev: pl.DataFrame) -> pl.DataFrame:
