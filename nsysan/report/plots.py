@@ -116,6 +116,7 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     steps = tables.get("steps")
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
                    if steps is not None and steps.height <= MAX_STEP_LINES else [])
+    memory = _memory_levels(trace) if "memory" in tables else {}
     out = []
     for dev, t0, t1 in spans.sort("device_id").iter_rows():  # one iteration per device
         if t1 <= t0:
@@ -139,10 +140,8 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
             lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
                                             - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
-        if "memory" in tables:  # only when the memory pass found memory-usage events
-            share = _memory_share(trace, int(dev), edges)
-            if share is not None:
-                lanes["memory in use"] = share
+        if int(dev) in memory:  # only when the memory pass found memory-usage events
+            lanes["memory in use"] = _memory_share(*memory[int(dev)], edges)
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
                                  "cause_detail": pl.String})
@@ -154,28 +153,35 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     return out
 
 
-def _memory_share(trace: Trace, dev: int, edges: np.ndarray) -> np.ndarray | None:
-    """Per bin, the highest device memory in use (device-resident kinds of every process, as
-    the memory pass counts them by default) as a share of the device's memory, exactly: the
-    level a bin starts with or reaches after any of its events. None when the device's
-    memory size is unknown or it has no such events."""
+def _memory_levels(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+    """Per device whose memory size is known: the times and levels of its device memory in
+    use (device-resident kinds of every process, as the memory pass counts them by default;
+    events at one time applied together) and its memory size."""
     from nsysan.passes.memory import MemoryParams
 
     gpus = trace.frame("gpus") if trace.has("gpus") else None
-    total = (gpus.filter(pl.col("device_id") == dev)["total_memory_bytes"].max()
-             if gpus is not None else None)
-    if not isinstance(total, int) or total <= 0:
-        return None
-    ev = (trace.memory_events.filter(
-        (pl.col("device_id") == dev) & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds))
-        & pl.col("op").is_not_null())
-        .group_by("start_ns").agg(pl.when(pl.col("op") == "alloc").then(pl.col("bytes"))
-                                  .otherwise(-pl.col("bytes")).sum().alias("d"))
-        .sort("start_ns"))
-    if ev.is_empty():
-        return None
-    t = ev["start_ns"].to_numpy()
-    lvl = np.cumsum(ev["d"].to_numpy())
+    if gpus is None:
+        return {}
+    totals = {d: m for d, m in gpus.select("device_id", "total_memory_bytes").iter_rows()
+              if isinstance(d, int) and isinstance(m, int) and m > 0}
+    ev = (trace.memory_events.lazy()
+          .filter(pl.col("device_id").is_in(list(totals))
+                  & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds))
+                  & pl.col("op").is_not_null())
+          .group_by("device_id", "start_ns")
+          .agg(pl.when(pl.col("op") == "alloc").then(pl.col("bytes"))
+               .otherwise(-pl.col("bytes")).sum().alias("d"))
+          .sort("device_id", "start_ns").collect())
+    out = {}
+    for (dev,), part in ev.group_by(["device_id"], maintain_order=True):
+        out[int(dev)] = (part["start_ns"].to_numpy(), np.cumsum(part["d"].to_numpy()),
+                         totals[int(dev)])
+    return out
+
+
+def _memory_share(t: np.ndarray, lvl: np.ndarray, total: int, edges: np.ndarray) -> np.ndarray:
+    """Per bin, the highest level (`_memory_levels`) as a share of the device's memory,
+    exactly: the level a bin starts with or reaches after any of its events."""
     first = np.searchsorted(t, edges[:-1], side="left")
     last = np.searchsorted(t, edges[1:], side="left")
     last[-1] = np.searchsorted(t, edges[-1], side="right")  # the last bin holds its end
