@@ -200,7 +200,9 @@ def test_curve_of_random_events_equals_brute_force(tmp_path):
 
 
 def test_events_join_their_call_and_nvtx_site(cases):
-    ev = open_trace(cases[("sawtooth", "2023.4")]).memory_events
+    from nsysan.passes.memory import linked_events
+
+    ev = linked_events(open_trace(cases[("sawtooth", "2023.4")]))
     allocs = ev.filter((pl.col("op") == "alloc") & (pl.col("bytes") == ACT_BYTES))
     assert set(allocs["api_name"]) == {"cudaMalloc"} and set(allocs["nvtx_name"]) == {"forward"}
     frees = ev.filter(pl.col("op") == "free")
@@ -312,3 +314,17 @@ def test_timeline_in_use_lane_equals_brute_force(cases):
     without = {n: df for n, df in tables.items() if not n.startswith("memory")}
     (plain,) = plots.device_timelines(r.trace, without, None, n_bins=50)
     assert "memory in use" not in plain.lanes
+
+
+def test_findings_name_the_allocation_site(cases):
+    leak = analyze(cases[("leak", "2023.4")])
+    (f,) = [f for f in leak.diagnosis.findings if f.code == "MEMORY_GROWTH"]
+    steps = leak.results["steps"].tables["steps"]
+    site = f.evidence["offenders"][0]
+    # every steady-state leak allocation is made inside `forward`
+    assert (site["name"], site["value"], site["count"]) == (
+        "forward", steps.height * 16 * MIB, steps.height)
+    oom = analyze(cases[("near_oom", "2022.4")])
+    (f,) = [f for f in oom.diagnosis.findings if f.code == "MEMORY_NEAR_OOM"]
+    assert f.evidence["offenders"][0]["name"] == "init"
+    assert f.severity == "critical" and f.device_id == 0

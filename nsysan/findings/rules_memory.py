@@ -15,7 +15,6 @@ from typing import Any
 
 import polars as pl
 
-from nsysan.escape import md_code
 from nsysan.findings.context import Context, NotApplicable, NotEvaluated
 from nsysan.findings.evidence import (
     evidence,
@@ -41,11 +40,17 @@ def _summary(ctx: Context) -> tuple[pl.DataFrame, dict[str, Any]]:
     return summary, r.metrics["thresholds"]
 
 
-def _site(r: dict[str, Any]) -> list[dict[str, Any]]:
-    if r["top_alloc_site"] is None:
-        return []
-    return [offender("nvtx_range", r["top_alloc_site"], r["top_alloc_site_bytes"], "bytes",
-                     detail="NVTX range around the calls that allocated the most")]
+def _sites(ctx: Context, r: dict[str, Any], th: dict[str, Any], *, steady: bool = True
+           ) -> list[dict[str, Any]]:
+    """The allocation sites of the finding's process: NVTX ranges around its allocation
+    calls (in the steady window, or all of them), most bytes first."""
+    from nsysan.passes.memory import top_sites
+
+    found = top_sites(ctx.trace, r["device_id"], r["pid"], ctx.window if steady else None,
+                      tuple(th["device_kinds"]), ctx.params.top_n)
+    return [offender("nvtx_range", name, nbytes, "bytes", count=k,
+                     detail="allocation site: NVTX range around the allocation calls")
+            for name, nbytes, k in found]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,7 +84,8 @@ def near_oom(ctx: Context) -> list[Finding]:
                "will run out of memory.")
         peak = r["device_peak_ns"]
         out.append(make_finding("MEMORY_NEAR_OOM", sev, msg, evidence(
-            metrics, [window(peak, peak + 1, "peak in use", r["device_id"])], _site(r)),
+            metrics, [window(peak, peak + 1, "peak in use", r["device_id"])],
+            _sites(ctx, r, th, steady=False)),
             device_id=r["device_id"]))
     return out
 
@@ -117,7 +123,8 @@ def growth(ctx: Context) -> list[Finding]:
                "higher than they started)"
                + (f"; the remaining {fmt_bytes(left)} last about {steps_left:.0f} more steps"
                   if steps_left is not None else "") + ".")
-        out.append(make_finding("MEMORY_GROWTH", sev, msg, evidence(metrics, [], _site(r)),
+        out.append(make_finding("MEMORY_GROWTH", sev, msg,
+                                evidence(metrics, [], _sites(ctx, r, th)),
                                 device_id=r["device_id"], pid=r["pid"]))
     return out
 
@@ -152,7 +159,7 @@ def pool_fragmentation(ctx: Context) -> list[Finding]:
                f"{n} times in the steady state although its free bytes could have held the "
                "allocation: the free space is fragmented.")
         out.append(make_finding("POOL_FRAGMENTATION", "warning", msg,
-                                evidence(metrics, [], _site(r)),
+                                evidence(metrics, [], _sites(ctx, r, th)),
                                 device_id=r["device_id"], pid=r["pid"]))
     return out
 
@@ -196,8 +203,7 @@ def _add_events(f: Finding, summary: pl.DataFrame) -> Finding:
     msg = f.message + (f" Memory-usage events: {top['allocs_per_step']:.3g} device allocations "
                        f"({fmt_bytes(top['alloc_bytes_per_step'])}) per step, in "
                        f"{fmt_frac(top['steps_allocating_frac'])} of the steps"
-                       + (f", mostly in {md_code(top['top_alloc_site'], 80)}"
-                          if top["top_alloc_site"] else "") + ".")
+                       + ".")
     ev = dict(f.evidence)
     ev["metrics"] = [*ev.get("metrics", []), *extra]
     return replace(f, message=msg, evidence=ev)

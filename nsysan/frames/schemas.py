@@ -204,7 +204,8 @@ THREADS = pl.Schema(
 META = pl.Schema({"trace_id": STR, "key": STR, "value": STR})
 
 #: CUDA memory-usage events (``--cuda-memory-usage=true``), one row per device allocation or
-#: free, joined to the API call that made it and the NVTX range open around that call
+#: free: the columns the memory pass reads (it joins each event to its API call and NVTX
+#: range itself, `nsysan.passes.memory.linked_events`)
 MEMORY_EVENTS = pl.Schema(
     {
         "trace_id": STR,
@@ -212,25 +213,13 @@ MEMORY_EVENTS = pl.Schema(
         "global_pid": I64,
         "pid": I64,
         "device_id": I64,
-        "context_id": I64,
-        "address": I64,
         "bytes": I64,
         "mem_kind": STR,  # device | pinned | managed | array | device_static | ... (snake_case)
         "op": STR,  # alloc | free
-        "name": STR,
-        "correlation_id": I64,
+        "correlation_id": I64,  # of the CUDA API call that made it
         "pool_address": I64,  # local memory pool, null outside a pool (or not exported)
-        "pool_release_threshold_bytes": I64,
         "pool_size_bytes": I64,  # bytes the pool reserves after the event
         "pool_utilized_bytes": I64,  # bytes of the pool handed out after the event
-        "imported_pool_address": I64,
-        "global_tid": I64,  # the thread of the API call (null when the call is unknown)
-        "tid": I64,
-        "api_name": STR,
-        "api_start_ns": I64,
-        "api_end_ns": I64,
-        "nvtx_range_id": I64,  # innermost NVTX range on that thread around the call
-        "nvtx_name": STR,
     }
 )
 
@@ -472,8 +461,6 @@ MEMORY_SUMMARY = pl.Schema(
         "pool_utilized_frac": F64,  # utilized / reserved at the reserved peak
         "pool_growths": I64,  # steady-window events that grew a pool
         "pool_growths_with_slack": I64,  # ... although the pool's free bytes could hold them
-        "top_alloc_site": STR,  # NVTX range that allocated most bytes (null without NVTX)
-        "top_alloc_site_bytes": I64,
     }
 )
 

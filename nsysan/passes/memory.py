@@ -32,9 +32,9 @@ Semantics:
   (reserved - utilized) could have held the allocation: the pool grew although, in total, it
   had room — the fragmentation proxy. Counted inside the steady window (the span of the
   steady steps; the whole trace without steps).
-- ``top_alloc_site``: the NVTX range (innermost, on the allocating thread) whose calls
-  allocated the most device-resident bytes in the steady steps (in the whole trace without
-  steps).
+- Allocation sites (`top_sites`, made for a finding's evidence): the NVTX ranges (innermost,
+  on the allocating thread) around the calls that allocated the most device-resident bytes in
+  the steady window; `linked_events` gives every event its call and range.
 
 A trace whose export holds no memory-usage events gets no tables and no metrics: the pass
 is then only run when asked for (see `nsysan.passes.registry.auto_passes`).
@@ -49,9 +49,12 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.containment import innermost_enclosing
 from nsysan.frames.trace import Trace
 from nsysan.passes import memory_levels as ml
 from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.op_keys import KEY as KEY_COL
+from nsysan.passes.op_keys import OP_KEY, op_key, unique_rows
 
 KEY = ["device_id", "pid", "mem_kind"]
 DP = ["device_id", "pid"]
@@ -110,9 +113,11 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
     if ev.is_empty():
         return PassResult()
     lo, hi = _span(trace, ev)
-    curve = _curve(ev, lo, hi, params.bins, trace.trace_id)
+    arrays = _arrays(ev)
+    keys, kid = ml.key_ids(ev, KEY)
+    curve = _curve(ev, arrays, keys, kid, lo, hi, params.bins, trace.trace_id)
     steady = _steady_steps(results)
-    summary = _summary(trace, ev, params, steady)
+    summary = _summary(trace, ev, arrays, keys, kid, params, steady)
     metrics: dict[str, Any] = {
         "thresholds": asdict(params),
         "n_events": ev.height,
@@ -172,11 +177,15 @@ def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             .select(*by, "start_ns", pl.col("_dr").cum_sum().over(by).alias("reserved"),
                     pl.col("_du").cum_sum().over(by).alias("utilized")))
 
-def _curve(ev: pl.DataFrame, lo: int, hi: int, bins: int, trace_id: str) -> pl.DataFrame:
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _curve(ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame, kid: np.ndarray, lo: int,
+           hi: int, bins: int, trace_id: str) -> pl.DataFrame:
     width = max(-(-(hi - lo) // bins), 1)
     n_bins = -(-(hi - lo) // width)
-    t, alloc, nbytes, signed = _arrays(ev)
-    lv = ml.levels(ev, KEY, t, signed)
+    t, alloc, nbytes, signed = arrays
+    lv = ml.levels_of(keys, kid, t, signed)
     got = ml.binned(lv, lo, width, n_bins, t, alloc, nbytes)
     live = got.pop("live")
     at = np.flatnonzero(live)
@@ -210,15 +219,19 @@ def _steady_steps(results: Results) -> pl.DataFrame | None:
     return (steady if not steady.is_empty() else steps).sort("start_ns", "step")
 
 
-def _summary(trace: Trace, ev: pl.DataFrame, params: MemoryParams,
-             steady: pl.DataFrame | None) -> pl.DataFrame:
-    dev = ev.filter(pl.col("mem_kind").is_in(list(params.device_kinds)))
-    if dev.is_empty():
+def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame,
+             kid: np.ndarray, params: MemoryParams, steady: pl.DataFrame | None
+             ) -> pl.DataFrame:
+    # the device-resident events, found per key (no string test per event)
+    mask = keys["mem_kind"].is_in(list(params.device_kinds)).fill_null(False).to_numpy()[kid]
+    if not mask.any():
         return schemas.empty(schemas.MEMORY_SUMMARY)
-    t, alloc, nbytes, signed = _arrays(dev)
-    lv = ml.levels(dev, DP, t, signed)
+    t, alloc, nbytes, signed = (a[mask] for a in arrays)
+    dp_keys, dp_kid = ml.coarser(keys, kid[mask], DP)
+    lv = ml.levels_of(dp_keys, dp_kid, t, signed)
     peak, peak_ns = lv.peaks()
-    dlv = ml.levels(dev, ["device_id"], t, signed)
+    d_keys, d_kid = ml.coarser(dp_keys, dp_kid, ["device_id"])
+    dlv = ml.levels_of(d_keys, d_kid, t, signed)
     dpeak, dpeak_ns = dlv.peaks()
     gpus = trace.frame("gpus") if trace.has("gpus") else schemas.empty(schemas.GPUS)
     totals = (gpus.select("device_id", pl.col("total_memory_bytes").alias("device_total_bytes"))
@@ -234,21 +247,21 @@ def _summary(trace: Trace, ev: pl.DataFrame, params: MemoryParams,
                          .alias("margin_bytes")))
     out = out.with_columns(
         (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
-    inside = None
     if steady is not None:
         step = ml.in_steps(t, steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy())
-        inside = step >= 0
-        out = out.with_columns(**_per_step(dev, lv, steady, step, alloc, nbytes))
+        rows = call_rows(trace, ev)[mask]
+        out = out.with_columns(**_per_step(trace, lv, steady, step, alloc, nbytes, rows))
     else:
         out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
-    out = out.join(_pools(dev, steady), on=DP, how="left", maintain_order="left")
-    sites = dev.filter(pl.Series(inside)) if inside is not None else dev
-    out = out.join(_sites(sites), on=DP, how="left", maintain_order="left")
+    pooled = ev.filter(pl.col("pool_address").is_not_null()
+                       & pl.col("mem_kind").is_in(list(params.device_kinds)))
+    out = out.join(_pools(pooled, steady), on=DP, how="left", maintain_order="left")
     return out.with_columns(pl.lit(trace.trace_id).alias("trace_id")).sort(DP)
 
 
-def _per_step(dev: pl.DataFrame, lv: ml.Levels, steady: pl.DataFrame, step: np.ndarray,
-              alloc: np.ndarray, nbytes: np.ndarray) -> dict[str, pl.Series]:
+def _per_step(trace: Trace, lv: ml.Levels, steady: pl.DataFrame, step: np.ndarray,
+              alloc: np.ndarray, nbytes: np.ndarray, rows: np.ndarray
+              ) -> dict[str, pl.Series]:
     """The per-step columns of every key of ``lv`` (``step``: each event's steady step)."""
     n, n_keys = steady.height, lv.n_keys
     starts, ends = steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy()
@@ -266,20 +279,23 @@ def _per_step(dev: pl.DataFrame, lv: ml.Levels, steady: pl.DataFrame, step: np.n
     def per(values: np.ndarray) -> np.ndarray:
         return np.bincount(kid, weights=values, minlength=n_keys) / n
 
-    stepped = np.unique(kid[a] * n + step[inside][a])
-    allocating = np.bincount(stepped // n, minlength=n_keys) / n
-    # host time of the distinct calls (one call can make several events)
-    api_s, api_e = (dev[c].to_numpy(allow_copy=True)[inside]
-                    for c in ("api_start_ns", "api_end_ns"))
-    has = ~dev["api_start_ns"].is_null().to_numpy()[inside]
-    gp = dev["global_pid"].to_numpy()[inside]
-    corr = dev["correlation_id"].fill_null(-1).to_numpy()[inside]
-    o = np.lexsort((corr, gp, kid))
-    first = np.r_[True, (kid[o][1:] != kid[o][:-1]) | (gp[o][1:] != gp[o][:-1])
-                  | (corr[o][1:] != corr[o][:-1])]
-    take = o[first & has[o]]
-    api = np.bincount(kid[take], weights=(api_e[take] - api_s[take]).astype(np.float64),
-                      minlength=n_keys) / n
+    stepped = np.zeros(n_keys * n, bool)
+    stepped[kid[a] * n + step[inside][a]] = True
+    allocating = stepped.reshape(n_keys, n).sum(axis=1) / n
+    # host time of the distinct calls (one call can make several events): each call counts
+    # once, with the first of its events
+    row = rows[inside]
+    linked = np.flatnonzero(row >= 0)
+    api_ns = np.zeros(n_keys)
+    if linked.size:
+        api = trace.cuda_api
+        first = np.full(api.height, -1, np.int64)
+        first[row[linked][::-1]] = linked[::-1]
+        own = linked[first[row[linked]] == linked]
+        at = pl.Series(row[own])
+        dur = (api["end_ns"].gather(at) - api["start_ns"].gather(at)).fill_null(0).to_numpy()
+        api_ns = np.bincount(kid[own], weights=dur.astype(np.float64), minlength=n_keys)
+    api = api_ns / n
     return {
         "n_steps": pl.Series([n] * n_keys, dtype=pl.Int64),
         "growth_bytes_per_step": pl.Series(growth), "steps_grown_frac": pl.Series(grown),
@@ -305,7 +321,8 @@ def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
     pk = [*DP, "pool_address"]
     pools = dev.filter(pl.col("pool_address").is_not_null()
                        & pl.col("pool_size_bytes").is_not_null())
-    order = [*pk, "start_ns", "pool_size_bytes", "pool_utilized_bytes", "op", "bytes", "address"]
+    order = [*pk, "start_ns", "pool_size_bytes", "pool_utilized_bytes", "op", "bytes",
+             "correlation_id"]
     grew = pools.sort(order, nulls_last=True).with_columns(
         pl.col("pool_size_bytes").shift(1).over(pk).alias("_prev_size"),
         pl.col("pool_utilized_bytes").fill_null(0).shift(1).over(pk).alias("_prev_used"),
@@ -321,13 +338,94 @@ def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
 
 
 
-def _sites(dev: pl.DataFrame) -> pl.DataFrame:
-    by_site = (dev.filter((pl.col("op") == "alloc") & pl.col("nvtx_name").is_not_null())
-               .group_by([*DP, "nvtx_name"]).agg(pl.col("bytes").sum().alias("_b")))
-    return (by_site.sort([*DP, "_b", "nvtx_name"], descending=[False, False, True, False])
-            .group_by(DP, maintain_order=True).first()
-            .select(*DP, pl.col("nvtx_name").alias("top_alloc_site"),
-                    pl.col("_b").alias("top_alloc_site_bytes")))
+def call_rows(trace: Trace, ev: pl.DataFrame) -> np.ndarray:
+    """For every event, the row of ``cuda_api`` of the call that made it (-1 when unknown):
+    a binary search on the packed op key (`op_keys`), the service the GPU ops use."""
+    if not trace.has("cuda_api") or trace.cuda_api.is_empty():
+        return np.full(ev.height, -1, np.int64)
+    api = trace.cuda_api
+    key = op_key([ev, api])
+    rows = unique_rows(api.select(key)[KEY_COL], ev.select(key)[KEY_COL])
+    if rows is not None:
+        return rows.to_numpy()
+    # (several calls on one key: cuda_api keeps one per key, so only a hand-made frame)
+    got = ev.select(OP_KEY).with_row_index("_ev").join(
+        api.select(OP_KEY).with_row_index("_api"), on=OP_KEY, how="left").group_by(
+        "_ev").agg(pl.col("_api").min()).sort("_ev")
+    return got["_api"].fill_null(-1).cast(pl.Int64).to_numpy()
+
+
+def linked_events(trace: Trace) -> pl.DataFrame:
+    """``memory_events`` with the call that made each event (``global_tid``, ``tid``,
+    ``api_name``, ``api_start_ns``, ``api_end_ns``; null when the call is unknown) and the
+    innermost NVTX range on that thread around the call (``nvtx_range_id``, ``nvtx_name``:
+    the allocation site, by the attribution pass's rule: inclusive, same thread)."""
+    ev = trace.memory_events
+    rows = pl.Series(call_rows(trace, ev))
+    api = trace.cuda_api if trace.has("cuda_api") else schemas.empty(schemas.CUDA_API)
+    idx = rows.set(rows < 0, None)
+    ev = ev.with_columns(
+        *(api[c].gather(idx).alias(a) for c, a in (
+            ("global_tid", "global_tid"), ("tid", "tid"), ("name", "api_name"),
+            ("start_ns", "api_start_ns"), ("end_ns", "api_end_ns"))))
+    site = _innermost_ranges(trace, ev)
+    return ev.with_columns(site["nvtx_range_id"], site["nvtx_name"])
+
+
+def _innermost_ranges(trace: Trace, calls: pl.DataFrame) -> pl.DataFrame:
+    """Per row of ``calls`` (``global_tid``, ``api_start_ns``, ``api_end_ns``): the innermost
+    NVTX range of that thread that contains the call (nulls when none)."""
+    none = pl.DataFrame({"nvtx_range_id": pl.Series([None] * calls.height, dtype=pl.Int64),
+                         "nvtx_name": pl.Series([None] * calls.height, dtype=pl.String)})
+    if not trace.has("nvtx") or trace.nvtx.is_empty() or calls.is_empty():
+        return none
+    ranges = trace.nvtx.filter(
+        (pl.col("style") != "mark") & pl.col("end_ns").is_not_null()
+        & (pl.col("end_global_tid").is_null()
+           | (pl.col("end_global_tid") == pl.col("global_tid"))))
+    if ranges.is_empty():
+        return none
+    queries = calls.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("_row"), "global_tid",
+        pl.col("api_start_ns").alias("start_ns"), pl.col("api_end_ns").alias("end_ns"),
+    ).filter(pl.col("global_tid").is_not_null())
+    site = innermost_enclosing(
+        queries, ranges.select("global_tid", "range_id", "start_ns", "end_ns", "depth"),
+        by=["global_tid"], query_id="_row", range_id="range_id", depth="depth").collect()
+    site = site.join(ranges.select("range_id", "name"), on="range_id", how="left")
+    return (pl.DataFrame({"_row": pl.int_range(calls.height, dtype=pl.Int64, eager=True)})
+            .join(site.select("_row", pl.col("range_id").alias("nvtx_range_id"),
+                              pl.col("name").alias("nvtx_name")),
+                  on="_row", how="left", maintain_order="left").drop("_row"))
+
+
+def top_sites(trace: Trace, device_id: int, pid: int, window: tuple[int, int] | None,
+              kinds: tuple[str, ...], n: int) -> list[tuple[str, int, int]]:
+    """The ``n`` NVTX ranges (innermost, on the calling thread) around the calls whose
+    device-resident allocations of process ``pid`` on ``device_id`` starting in ``window``
+    allocated the most bytes: ``(name, bytes, allocations)``, most bytes first (then by
+    name). Made on demand, for a finding's evidence: the NVTX containment of every
+    allocation costs more than the rest of the pass."""
+    ev = trace.memory_events
+    sel = ((pl.col("device_id") == device_id) & (pl.col("pid") == pid)
+           & (pl.col("op") == "alloc") & pl.col("mem_kind").is_in(list(kinds)))
+    if window is not None:
+        sel &= (pl.col("start_ns") >= window[0]) & (pl.col("start_ns") < window[1])
+    allocs = ev.filter(sel)
+    rows = call_rows(trace, allocs)
+    allocs = allocs.filter(pl.Series(rows >= 0))
+    if allocs.is_empty():
+        return []
+    api = trace.cuda_api
+    idx = pl.Series(rows[rows >= 0])
+    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(idx),
+                          "api_start_ns": api["start_ns"].gather(idx),
+                          "api_end_ns": api["end_ns"].gather(idx)})
+    named = allocs.select("bytes").with_columns(_innermost_ranges(trace, calls)["nvtx_name"])
+    by_site = (named.filter(pl.col("nvtx_name").is_not_null()).group_by("nvtx_name")
+               .agg(pl.col("bytes").sum().alias("b"), pl.len().alias("k"))
+               .sort(["b", "nvtx_name"], descending=[True, False]).head(n))
+    return [(nm, int(b), int(k)) for nm, b, k in by_site.iter_rows()]
 
 
 SPEC = PassSpec(

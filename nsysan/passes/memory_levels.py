@@ -93,6 +93,27 @@ def levels(ev: pl.DataFrame, by: list[str], t: np.ndarray, signed: np.ndarray) -
     """`Levels` of the rows of ``ev`` (``t``: their start times, ``signed``: + bytes for an
     allocation, - for a free) per ``by`` key. Events at one timestamp apply together."""
     keys, kid = key_ids(ev, by)
+    return levels_of(keys, kid, t, signed)
+
+
+def coarser(keys: pl.DataFrame, kid: np.ndarray, by: list[str]
+            ) -> tuple[pl.DataFrame, np.ndarray]:
+    """Keys and ids by a prefix ``by`` of the columns of ``keys`` (sorted, so each coarser
+    key is one run of them)."""
+    sub = keys.select(by)
+    if sub.height <= 1:
+        return sub, np.zeros_like(kid)
+    changed = np.zeros(sub.height - 1, bool)
+    for c in by:
+        v = sub[c]
+        changed |= v[1:].ne_missing(v[:-1]).to_numpy()
+    new = np.r_[True, changed]
+    return sub.filter(pl.Series(new)), (np.cumsum(new) - 1)[kid]
+
+
+def levels_of(keys: pl.DataFrame, kid: np.ndarray, t: np.ndarray, signed: np.ndarray
+              ) -> Levels:
+    """`levels` from key ids already known (``keys`` row ``k`` is id ``k``)."""
     if keys.height == 1 and (t.size < 2 or bool((t[1:] >= t[:-1]).all())):
         order = np.arange(t.size)
     elif t.size > 1 and bool((t[1:] >= t[:-1]).all()):  # rows already in time order: a

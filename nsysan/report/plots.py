@@ -164,18 +164,21 @@ def _memory_levels(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, int]
         return {}
     totals = {d: m for d, m in gpus.select("device_id", "total_memory_bytes").iter_rows()
               if isinstance(d, int) and isinstance(m, int) and m > 0}
-    ev = (trace.memory_events.lazy()
-          .filter(pl.col("device_id").is_in(list(totals))
-                  & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds))
-                  & pl.col("op").is_not_null())
-          .group_by("device_id", "start_ns")
-          .agg(pl.when(pl.col("op") == "alloc").then(pl.col("bytes"))
-               .otherwise(-pl.col("bytes")).sum().alias("d"))
-          .sort("device_id", "start_ns").collect())
+    from nsysan.passes import memory_levels
+
+    ev = trace.memory_events.filter(
+        pl.col("device_id").is_in(list(totals))
+        & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds)) & pl.col("op").is_not_null())
+    if ev.is_empty():
+        return {}
+    t = ev["start_ns"].to_numpy()
+    nbytes = ev["bytes"].to_numpy()
+    lv = memory_levels.levels(ev, ["device_id"], t,
+                              np.where((ev["op"] == "alloc").to_numpy(), nbytes, -nbytes))
     out = {}
-    for (dev,), part in ev.group_by(["device_id"], maintain_order=True):
-        out[int(dev)] = (part["start_ns"].to_numpy(), np.cumsum(part["d"].to_numpy()),
-                         totals[int(dev)])
+    for k, dev in enumerate(lv.keys["device_id"].to_list()):
+        lo, hi = int(lv.seg[k]), int(lv.seg[k + 1])
+        out[int(dev)] = (lv.t[lo:hi], lv.level[lo:hi], totals[int(dev)])
     return out
 
 
