@@ -153,8 +153,10 @@ def test_tables_equal_brute_force(cases, case, layout):
         assert summary["pool_growths_with_slack"] == n - 1
 
 
-def test_curve_of_random_events_equals_brute_force(tmp_path):
-    """Two processes, two devices, several kinds, ties at one timestamp, out of order."""
+@pytest.mark.parametrize("kinds", [("device", "pinned", "managed", "device"), ("device",)])
+def test_curve_of_random_events_equals_brute_force(tmp_path, kinds):
+    """Two processes, two devices, several kinds (or only device memory: then two processes
+    share each device), ties at one timestamp, out of order."""
     rng = random.Random(7)
     b = TraceBuilder()
     for pid in (10, 20):
@@ -164,7 +166,7 @@ def test_curve_of_random_events_equals_brute_force(tmp_path):
     live: dict[tuple, list[int]] = {}
     for i in range(400):
         pid, dev = rng.choice((10, 20)), rng.choice((0, 1))
-        kind = rng.choice(("device", "pinned", "managed", "device"))
+        kind = rng.choice(kinds)
         t = rng.randrange(0, 50) * 100_000
         held = live.setdefault((pid, dev, kind), [])
         if held and rng.random() < 0.4:
@@ -189,6 +191,8 @@ def test_curve_of_random_events_equals_brute_force(tmp_path):
         mine = [e for e in device_events(raw[:-1]) if e["pid"] == row["pid"]
                 and e["dev"] == row["device_id"]]
         assert (row["peak_bytes"], row["peak_ns"]) == brute_peak(mine)
+        on_device = [e for e in device_events(raw[:-1]) if e["dev"] == row["device_id"]]
+        assert (row["device_peak_bytes"], row["device_peak_ns"]) == brute_peak(on_device)
         assert row["n_steps"] == 0 and row["growth_bytes_per_step"] is None
     # row order is not data
     copy = tmp_path / "shuffled.sqlite"

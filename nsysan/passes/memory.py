@@ -115,9 +115,10 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
     lo, hi = _span(trace, ev)
     arrays = _arrays(ev)
     keys, kid = ml.key_ids(ev, KEY)
-    curve = _curve(ev, arrays, keys, kid, lo, hi, params.bins, trace.trace_id)
+    lv = ml.levels_of(keys, kid, arrays[0], arrays[3])
+    curve = _curve(ev, lv, arrays, lo, hi, params.bins, trace.trace_id)
     steady = _steady_steps(results)
-    summary = _summary(trace, ev, arrays, keys, kid, params, steady)
+    summary = _summary(trace, ev, arrays, lv, params, steady)
     metrics: dict[str, Any] = {
         "thresholds": asdict(params),
         "n_events": ev.height,
@@ -180,12 +181,11 @@ def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def _curve(ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame, kid: np.ndarray, lo: int,
-           hi: int, bins: int, trace_id: str) -> pl.DataFrame:
+def _curve(ev: pl.DataFrame, lv: ml.Levels, arrays: Arrays, lo: int, hi: int, bins: int,
+           trace_id: str) -> pl.DataFrame:
     width = max(-(-(hi - lo) // bins), 1)
     n_bins = -(-(hi - lo) // width)
-    t, alloc, nbytes, signed = arrays
-    lv = ml.levels_of(keys, kid, t, signed)
+    t, alloc, nbytes, _ = arrays
     got = ml.binned(lv, lo, width, n_bins, t, alloc, nbytes)
     live = got.pop("live")
     at = np.flatnonzero(live)
@@ -201,7 +201,7 @@ def _curve(ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame, kid: np.ndarray
         pl.lit(trace_id).alias("trace_id"),
     )
     bin_of = ((pl.col("start_ns") - lo) // width).clip(0, n_bins - 1).alias("bin")
-    pools = _pool_totals(ev, KEY)
+    pools = _pool_totals(ev.filter(pl.col("pool_address").is_not_null()), KEY)
     if pools.height:
         per_bin = pools.with_columns(bin_of).group_by([*KEY, "bin"]).agg(
             pl.col("reserved").max().alias("pool_size_bytes_max"),
@@ -219,19 +219,24 @@ def _steady_steps(results: Results) -> pl.DataFrame | None:
     return (steady if not steady.is_empty() else steps).sort("start_ns", "step")
 
 
-def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame,
-             kid: np.ndarray, params: MemoryParams, steady: pl.DataFrame | None
-             ) -> pl.DataFrame:
+def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
+             params: MemoryParams, steady: pl.DataFrame | None) -> pl.DataFrame:
     # the device-resident events, found per key (no string test per event)
-    mask = keys["mem_kind"].is_in(list(params.device_kinds)).fill_null(False).to_numpy()[kid]
+    keys, kid = klv.keys, klv.kid_raw
+    device_key = keys["mem_kind"].is_in(list(params.device_kinds)).fill_null(False).to_numpy()
+    mask = device_key[kid]
     if not mask.any():
         return schemas.empty(schemas.MEMORY_SUMMARY)
-    t, alloc, nbytes, signed = (a[mask] for a in arrays)
-    dp_keys, dp_kid = ml.coarser(keys, kid[mask], DP)
-    lv = ml.levels_of(dp_keys, dp_kid, t, signed)
+    every = bool(device_key.all())
+    t, alloc, nbytes, signed = arrays if every else tuple(a[mask] for a in arrays)
+    dp_keys, dp_kid = ml.coarser(keys, kid if every else kid[mask], DP)
+    # (levels by (device, process) and by device are those of the finer keys when the
+    # coarsening merges none: one memory kind per process, one process per device)
+    lv = (ml.regrouped(klv, dp_keys, dp_kid) if every else None) \
+        or ml.levels_of(dp_keys, dp_kid, t, signed)
     peak, peak_ns = lv.peaks()
     d_keys, d_kid = ml.coarser(dp_keys, dp_kid, ["device_id"])
-    dlv = ml.levels_of(d_keys, d_kid, t, signed)
+    dlv = ml.regrouped(lv, d_keys, d_kid) or ml.levels_of(d_keys, d_kid, t, signed)
     dpeak, dpeak_ns = dlv.peaks()
     gpus = trace.frame("gpus") if trace.has("gpus") else schemas.empty(schemas.GPUS)
     totals = (gpus.select("device_id", pl.col("total_memory_bytes").alias("device_total_bytes"))
@@ -249,7 +254,7 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, keys: pl.DataFrame,
         (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
     if steady is not None:
         step = ml.in_steps(t, steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy())
-        rows = call_rows(trace, ev)[mask]
+        rows = call_rows(trace, ev) if every else call_rows(trace, ev)[mask]
         out = out.with_columns(**_per_step(trace, lv, steady, step, alloc, nbytes, rows))
     else:
         out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))

@@ -83,6 +83,9 @@ def _codes(col: pl.Series, uniques: pl.Series) -> np.ndarray:
         return np.zeros(col.len(), np.int64)
     if col.dtype.is_integer() and not col.null_count():
         return np.searchsorted(uniques.to_numpy(), col.to_numpy())
+    if not col.null_count():
+        return col.replace_strict(uniques, pl.int_range(uniques.len(), eager=True),
+                                  return_dtype=pl.Int64).to_numpy()
     table = pl.DataFrame({"v": uniques, "_i": pl.int_range(uniques.len(), eager=True)})
     got = pl.DataFrame({"v": col}).join(table, on="v", how="left", maintain_order="left",
                                          nulls_equal=True)
@@ -109,6 +112,15 @@ def coarser(keys: pl.DataFrame, kid: np.ndarray, by: list[str]
         changed |= v[1:].ne_missing(v[:-1]).to_numpy()
     new = np.r_[True, changed]
     return sub.filter(pl.Series(new)), (np.cumsum(new) - 1)[kid]
+
+
+def regrouped(lv: Levels, keys: pl.DataFrame, kid: np.ndarray) -> Levels | None:
+    """``lv`` under coarser ``keys`` (ids ``kid`` of the same events) when the coarsening
+    merges no two keys of ``lv`` (one kind per process, one process per device: the common
+    case), so the levels are the same; None otherwise."""
+    if keys.height != lv.n_keys:
+        return None
+    return Levels(keys, lv.kid, lv.t, lv.level, lv.seg, kid)
 
 
 def levels_of(keys: pl.DataFrame, kid: np.ndarray, t: np.ndarray, signed: np.ndarray
