@@ -332,3 +332,15 @@ def test_findings_name_the_allocation_site(cases):
     (f,) = [f for f in oom.diagnosis.findings if f.code == "MEMORY_NEAR_OOM"]
     assert f.evidence["offenders"][0]["name"] == "init"
     assert f.severity == "critical" and f.device_id == 0
+
+
+@pytest.mark.parametrize("case", ["pool", "leak"])
+def test_outputs_do_not_depend_on_row_order(cases, tmp_path, monkeypatch, case):
+    """Every output file and every canonical frame (memory_events included) of a shuffled
+    copy equal the original's (the check of tests/test_determinism.py)."""
+    from test_determinism import _check_shuffled
+
+    src = cases[(case, "2023.4")]
+    _, out = analyze_to_dir(src, tmp_path / "plain")
+    assert {"memory.parquet", "memory_summary.parquet"} <= {p.name for p in out.iterdir()}
+    _check_shuffled(src, tmp_path / "s", monkeypatch, seed=3)
