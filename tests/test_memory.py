@@ -344,3 +344,29 @@ def test_outputs_do_not_depend_on_row_order(cases, tmp_path, monkeypatch, case):
     _, out = analyze_to_dir(src, tmp_path / "plain")
     assert {"memory.parquet", "memory_summary.parquet"} <= {p.name for p in out.iterdir()}
     _check_shuffled(src, tmp_path / "s", monkeypatch, seed=3)
+
+
+def test_cli_memory_settings(cases, tmp_path):
+    from click.testing import CliRunner
+
+    from nsysan.cli import cli
+
+    def run(*args: str):
+        r = CliRunner().invoke(cli, list(args))
+        return r.exit_code, r.stdout, r.stderr
+
+    # a memory setting selects the pass also on a trace without events: it writes nothing
+    code, _, err = run("analyze", str(REPO_ROOT / "fixtures" / "example_ddp.sqlite"),
+                       "--set", "memory.bins=10", "-o", str(tmp_path / "a"))
+    assert code == 0, err
+    target = tmp_path / "a" / "example_ddp"
+    assert not (target / "memory.parquet").exists()
+    assert json.loads((target / "manifest.json").read_text())["passes"]["memory"]["bins"] == 10
+    code, _, err = run("analyze", str(cases[("leak", "2022.4")]), "--set", "memory.bins=0",
+                       "-o", str(tmp_path / "b"))
+    assert code == 1 and err.startswith("Error:") and "bins" in err
+    code, _, err = run("analyze", str(cases[("leak", "2022.4")]), "--set", "memory.bins=7",
+                       "-o", str(tmp_path / "c"))
+    assert code in (0, 1), err  # 1: findings at the failing severity
+    curve = pl.read_parquet(tmp_path / "c" / "leak_2022.4" / "memory.parquet")
+    assert curve["bin"].max() == 6
