@@ -370,3 +370,23 @@ def test_cli_memory_settings(cases, tmp_path):
     assert code in (0, 1), err  # 1: findings at the failing severity
     curve = pl.read_parquet(tmp_path / "c" / "leak_2022.4" / "memory.parquet")
     assert curve["bin"].max() == 6
+
+
+def test_rules_say_why_they_cannot_judge(cases, tmp_path):
+    # no steps: growth per step cannot be judged
+    r = analyze(cases[("leak", "2022.4")],
+                settings={"steps.name_pattern": "^no such step$", "steps.periodicity": "false"})
+    assert r.results["steps"].tables["steps"].is_empty()
+    assert "MEMORY_GROWTH" in r.diagnosis.unavailable
+    assert "steps" in r.diagnosis.reasons["MEMORY_GROWTH"]
+    # device memory size unknown: no margin
+    path = memory_case(tmp_path / "nogpu.sqlite", "near_oom")
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM TARGET_INFO_GPU")
+    con.commit()
+    con.close()
+    r = analyze(path)
+    summary = r.results["memory"].tables["memory_summary"]
+    assert summary["device_total_bytes"].is_null().all() and summary["margin_frac"].is_null().all()
+    assert "MEMORY_NEAR_OOM" in r.diagnosis.unavailable
+    assert "totalMemory" in r.diagnosis.reasons["MEMORY_NEAR_OOM"]
