@@ -231,7 +231,7 @@ def test_export_without_pool_columns(tmp_path, layout):
 def _no_memory_outputs(path: Path, out: Path) -> None:
     _, target = analyze_to_dir(path, out)
     names = {p.name for p in Path(target).iterdir()}
-    assert not {"memory.parquet", "memory_summary.parquet"} & names
+    assert not {"memory.parquet", "memory_summary.parquet", "memory_sites.parquet"} & names
     manifest = json.loads((Path(target) / "manifest.json").read_text())
     assert "memory" not in manifest["passes"]
     assert "memory_events" not in json.dumps(manifest)
@@ -291,6 +291,7 @@ def test_host_memory_only_is_not_evaluated(tmp_path):
     r = analyze(b.write(tmp_path / "pinned.sqlite"))
     assert r.results["memory"].tables["memory"].height > 0
     assert r.results["memory"].tables["memory_summary"].is_empty()
+    assert r.results["memory"].tables["memory_sites"].is_empty()
     assert {"MEMORY_NEAR_OOM", "MEMORY_GROWTH", "POOL_FRAGMENTATION"} <= set(
         r.diagnosis.unavailable)
     assert r.results["memory"].metrics["n_events"] == 1
@@ -390,3 +391,53 @@ def test_rules_say_why_they_cannot_judge(cases, tmp_path):
     assert summary["device_total_bytes"].is_null().all() and summary["margin_frac"].is_null().all()
     assert "MEMORY_NEAR_OOM" in r.diagnosis.unavailable
     assert "totalMemory" in r.diagnosis.reasons["MEMORY_NEAR_OOM"]
+
+
+def brute_sites(path: Path, bounds: list[tuple[int, int]]) -> dict:
+    """(device, pid, site) -> [allocs, bytes, steady allocs, steady bytes], plain loops."""
+    con = sqlite3.connect(path)
+    try:
+        events = con.execute("SELECT start, globalPid, deviceId, bytes, memKind, "
+                             "correlationId FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                             "WHERE memoryOperationType = 0").fetchall()
+        calls = con.execute("SELECT globalTid, correlationId, start, end "
+                            "FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchall()
+        ranges = con.execute("SELECT globalTid, start, end, coalesce(text, "
+                             "(SELECT value FROM StringIds WHERE id = textId)) FROM NVTX_EVENTS "
+                             "WHERE end IS NOT NULL AND (endGlobalTid IS NULL "
+                             "OR endGlobalTid = globalTid)").fetchall()
+    finally:
+        con.close()
+    out: dict = {}
+    for start, gpid, dev, nbytes, kind, corr in events:
+        if KINDS[kind] not in DEVICE_KINDS:
+            continue
+        call = [c for c in calls if c[0] >> 24 == gpid >> 24 and c[1] == corr]
+        if not call:
+            continue
+        tid, _, s, e = call[0]
+        inside = [r for r in ranges if r[0] == tid and r[1] <= s and e <= r[2]]
+        inside.sort(key=lambda r: (-r[1], r[2]))
+        site = inside[0][3] if inside else None
+        row = out.setdefault((dev, (gpid >> 24) & 0xFFFFFF, site), [0, 0, 0, 0])
+        steady = any(a <= start < b for a, b in bounds)
+        row[0] += 1
+        row[1] += nbytes
+        row[2] += steady
+        row[3] += nbytes if steady else 0
+    return out
+
+
+@pytest.mark.parametrize("case", ["sawtooth", "leak"])
+def test_sites_equal_brute_force(cases, case):
+    path = cases[(case, "2022.4")]
+    r = analyze(path, passes=["steps", "memory"], findings=False)
+    steps = r.results["steps"].tables["steps"]
+    bounds = list(zip(steps["start_ns"], steps["end_ns"], strict=True))
+    sites = r.results["memory"].tables["memory_sites"]
+    got = {(row["device_id"], row["pid"], row["nvtx_name"]):
+           [row["n_allocs"], row["alloc_bytes"], row["steady_n_allocs"],
+            row["steady_alloc_bytes"]] for row in sites.iter_rows(named=True)}
+    assert got == brute_sites(path, bounds)
+    assert set(got) >= {(0, PID, "init"), (0, PID, "forward")}
+    assert sites["alloc_bytes_frac"].sum() == pytest.approx(1.0)

@@ -42,15 +42,18 @@ def _summary(ctx: Context) -> tuple[pl.DataFrame, dict[str, Any]]:
 
 def _sites(ctx: Context, r: dict[str, Any], th: dict[str, Any], *, steady: bool = True
            ) -> list[dict[str, Any]]:
-    """The allocation sites of the finding's process: NVTX ranges around its allocation
-    calls (in the steady window, or all of them), most bytes first."""
-    from nsysan.passes.memory import top_sites
-
-    found = top_sites(ctx.trace, r["device_id"], r["pid"], ctx.window if steady else None,
-                      tuple(th["device_kinds"]), ctx.params.top_n)
+    """The allocation sites of the finding's process (memory_sites: NVTX ranges around its
+    allocation calls, in the steady steps or in the whole trace), most bytes first."""
+    sites = ctx.table("memory_sites")
+    if sites is None:
+        return []
+    n, b = ("steady_n_allocs", "steady_alloc_bytes") if steady else ("n_allocs", "alloc_bytes")
+    mine = sites.filter((pl.col("device_id") == r["device_id"]) & (pl.col("pid") == r["pid"])
+                        & pl.col("nvtx_name").is_not_null() & (pl.col(b) > 0))
+    top = mine.sort([b, "nvtx_name"], descending=[True, False]).head(ctx.params.top_n)
     return [offender("nvtx_range", name, nbytes, "bytes", count=k,
                      detail="allocation site: NVTX range around the allocation calls")
-            for name, nbytes, k in found]
+            for name, nbytes, k in top.select("nvtx_name", b, n).iter_rows()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -464,6 +464,20 @@ MEMORY_SUMMARY = pl.Schema(
     }
 )
 
+MEMORY_SITES = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "pid": I64,
+        "nvtx_name": STR,  # innermost NVTX range around the calls; null: outside every range
+        "n_allocs": I64,
+        "alloc_bytes": I64,
+        "alloc_bytes_frac": F64,  # of the process's allocated bytes on the device
+        "steady_n_allocs": I64,  # in the steady steps (all of them without steps)
+        "steady_alloc_bytes": I64,
+    }
+)
+
 OUTPUTS: dict[str, pl.Schema] = {
     "gaps": GAPS,
     "gap_summary": GAP_SUMMARY,
@@ -475,6 +489,7 @@ OUTPUTS: dict[str, pl.Schema] = {
     "steps": STEPS,
     "memory": MEMORY,
     "memory_summary": MEMORY_SUMMARY,
+    "memory_sites": MEMORY_SITES,
 }
 
 # ---------------------------------------------------------------------------------------------

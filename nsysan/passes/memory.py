@@ -32,9 +32,11 @@ Semantics:
   (reserved - utilized) could have held the allocation: the pool grew although, in total, it
   had room — the fragmentation proxy. Counted inside the steady window (the span of the
   steady steps; the whole trace without steps).
-- Allocation sites (`top_sites`, made for a finding's evidence): the NVTX ranges (innermost,
-  on the allocating thread) around the calls that allocated the most device-resident bytes in
-  the steady window; `linked_events` gives every event its call and range.
+- ``memory_sites``: per (device, process) and allocation site, the device-resident allocations
+  whose call is known, by the innermost NVTX range around the call on its thread (inclusive,
+  the attribution pass's rule; null: outside every range): count and bytes, in the whole trace
+  and in the steady steps, and the share of the process's allocated bytes. `linked_events`
+  gives every event its call and range.
 
 A trace whose export holds no memory-usage events gets no tables and no metrics: the pass
 is then only run when asked for (see `nsysan.passes.registry.auto_passes`).
@@ -118,7 +120,7 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
     lv = ml.levels_of(keys, kid, arrays[0], arrays[3])
     curve = _curve(ev, lv, arrays, lo, hi, params.bins, trace.trace_id)
     steady = _steady_steps(results)
-    summary = _summary(trace, ev, arrays, lv, params, steady)
+    summary, sites = _summary(trace, ev, arrays, lv, params, steady)
     metrics: dict[str, Any] = {
         "thresholds": asdict(params),
         "n_events": ev.height,
@@ -129,7 +131,8 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
             metrics["peak_memory_bytes"] = int(dev["device_peak_bytes"].max())  # type: ignore[arg-type]
     return PassResult(
         tables={"memory": schemas.conform(curve, schemas.MEMORY),
-                "memory_summary": schemas.conform(summary, schemas.MEMORY_SUMMARY)},
+                "memory_summary": schemas.conform(summary, schemas.MEMORY_SUMMARY),
+                "memory_sites": schemas.conform(sites, schemas.MEMORY_SITES)},
         metrics=metrics,
     )
 
@@ -220,13 +223,14 @@ def _steady_steps(results: Results) -> pl.DataFrame | None:
 
 
 def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
-             params: MemoryParams, steady: pl.DataFrame | None) -> pl.DataFrame:
+             params: MemoryParams, steady: pl.DataFrame | None
+             ) -> tuple[pl.DataFrame, pl.DataFrame]:
     # the device-resident events, found per key (no string test per event)
     keys, kid = klv.keys, klv.kid_raw
     device_key = keys["mem_kind"].is_in(list(params.device_kinds)).fill_null(False).to_numpy()
     mask = device_key[kid]
     if not mask.any():
-        return schemas.empty(schemas.MEMORY_SUMMARY)
+        return schemas.empty(schemas.MEMORY_SUMMARY), schemas.empty(schemas.MEMORY_SITES)
     every = bool(device_key.all())
     t, alloc, nbytes, signed = arrays if every else tuple(a[mask] for a in arrays)
     dp_keys, dp_kid = ml.coarser(keys, kid if every else kid[mask], DP)
@@ -252,16 +256,45 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
                          .alias("margin_bytes")))
     out = out.with_columns(
         (pl.col("margin_bytes") / pl.col("device_total_bytes")).clip(0, 1).alias("margin_frac"))
+    rows = call_rows(trace, ev) if every else call_rows(trace, ev)[mask]
+    step = np.zeros(t.size, np.int64)  # (without steps, every event counts as steady)
     if steady is not None:
         step = ml.in_steps(t, steady["start_ns"].to_numpy(), steady["end_ns"].to_numpy())
-        rows = call_rows(trace, ev) if every else call_rows(trace, ev)[mask]
         out = out.with_columns(**_per_step(trace, lv, steady, step, alloc, nbytes, rows))
     else:
         out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
+    sites = _sites(trace, ev if every else ev.filter(pl.Series(mask)), rows, alloc, step >= 0)
     pooled = ev.filter(pl.col("pool_address").is_not_null()
                        & pl.col("mem_kind").is_in(list(params.device_kinds)))
     out = out.join(_pools(pooled, steady), on=DP, how="left", maintain_order="left")
-    return out.with_columns(pl.lit(trace.trace_id).alias("trace_id")).sort(DP)
+    return (out.with_columns(pl.lit(trace.trace_id).alias("trace_id")).sort(DP),
+            sites.with_columns(pl.lit(trace.trace_id).alias("trace_id")))
+
+
+def _sites(trace: Trace, dev: pl.DataFrame, rows: np.ndarray, alloc: np.ndarray,
+           steady: np.ndarray) -> pl.DataFrame:
+    """Per (device, process, allocation site): the allocations whose call is known, by the
+    innermost NVTX range around the call on its thread (null: outside every range)."""
+    take = alloc & (rows >= 0)
+    if not take.any():
+        return schemas.empty(schemas.MEMORY_SITES)
+    api = trace.cuda_api
+    idx = pl.Series(rows[take])
+    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(idx),
+                          "api_start_ns": api["start_ns"].gather(idx),
+                          "api_end_ns": api["end_ns"].gather(idx)})
+    named = (dev.filter(pl.Series(take)).select(*DP, "bytes")
+             .with_columns(_innermost_ranges(trace, calls)["nvtx_name"],
+                           pl.Series("_steady", steady[take])))
+    got = named.group_by([*DP, "nvtx_name"]).agg(
+        pl.len().cast(pl.Int64).alias("n_allocs"), pl.col("bytes").sum().alias("alloc_bytes"),
+        pl.col("_steady").sum().cast(pl.Int64).alias("steady_n_allocs"),
+        pl.col("bytes").filter(pl.col("_steady")).sum().alias("steady_alloc_bytes"))
+    return got.with_columns(
+        (pl.col("alloc_bytes") / pl.col("alloc_bytes").sum().over(DP)).fill_nan(None)
+        .alias("alloc_bytes_frac"),
+    ).sort([*DP, "alloc_bytes", "nvtx_name"], descending=[False, False, True, False],
+           nulls_last=True)
 
 
 def _per_step(trace: Trace, lv: ml.Levels, steady: pl.DataFrame, step: np.ndarray,
@@ -404,41 +437,13 @@ def _innermost_ranges(trace: Trace, calls: pl.DataFrame) -> pl.DataFrame:
                   on="_row", how="left", maintain_order="left").drop("_row"))
 
 
-def top_sites(trace: Trace, device_id: int, pid: int, window: tuple[int, int] | None,
-              kinds: tuple[str, ...], n: int) -> list[tuple[str, int, int]]:
-    """The ``n`` NVTX ranges (innermost, on the calling thread) around the calls whose
-    device-resident allocations of process ``pid`` on ``device_id`` starting in ``window``
-    allocated the most bytes: ``(name, bytes, allocations)``, most bytes first (then by
-    name). Made on demand, for a finding's evidence: the NVTX containment of every
-    allocation costs more than the rest of the pass."""
-    ev = trace.memory_events
-    sel = ((pl.col("device_id") == device_id) & (pl.col("pid") == pid)
-           & (pl.col("op") == "alloc") & pl.col("mem_kind").is_in(list(kinds)))
-    if window is not None:
-        sel &= (pl.col("start_ns") >= window[0]) & (pl.col("start_ns") < window[1])
-    allocs = ev.filter(sel)
-    rows = call_rows(trace, allocs)
-    allocs = allocs.filter(pl.Series(rows >= 0))
-    if allocs.is_empty():
-        return []
-    api = trace.cuda_api
-    idx = pl.Series(rows[rows >= 0])
-    calls = pl.DataFrame({"global_tid": api["global_tid"].gather(idx),
-                          "api_start_ns": api["start_ns"].gather(idx),
-                          "api_end_ns": api["end_ns"].gather(idx)})
-    named = allocs.select("bytes").with_columns(_innermost_ranges(trace, calls)["nvtx_name"])
-    by_site = (named.filter(pl.col("nvtx_name").is_not_null()).group_by("nvtx_name")
-               .agg(pl.col("bytes").sum().alias("b"), pl.len().alias("k"))
-               .sort(["b", "nvtx_name"], descending=[True, False]).head(n))
-    return [(nm, int(b), int(k)) for nm, b, k in by_site.iter_rows()]
-
-
 SPEC = PassSpec(
     name="memory",
     description="device memory in use (curve, peak, growth per step, pools) from CUDA "
                 "memory-usage events",
     params=MemoryParams,
-    tables={"memory": schemas.MEMORY, "memory_summary": schemas.MEMORY_SUMMARY},
+    tables={"memory": schemas.MEMORY, "memory_summary": schemas.MEMORY_SUMMARY,
+            "memory_sites": schemas.MEMORY_SITES},
     run=run,
     after=("steps",),
 )
