@@ -51,7 +51,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
-from nsysan.frames.containment import innermost_enclosing
+from nsysan.frames.containment import enclosing, tightest
 from nsysan.frames.trace import Trace
 from nsysan.passes import memory_levels as ml
 from nsysan.passes.base import PassResult, PassSpec, Results
@@ -107,6 +107,7 @@ def has_events(trace: Trace) -> bool:
         return trace.frame("memory_events").height > 0
     return False
 
+
 def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
     if not has_events(trace):
         return PassResult()
@@ -147,7 +148,6 @@ def _span(trace: Trace, ev: pl.DataFrame) -> tuple[int, int]:
     return int(first), int(last) + 1
 
 
-
 def _arrays(ev: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Start times, allocation flags, bytes and signed bytes of the rows of ``ev``."""
     t = ev["start_ns"].to_numpy()
@@ -180,6 +180,7 @@ def _pool_totals(ev: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             .sort([*by, "start_ns"])
             .select(*by, "start_ns", pl.col("_dr").cum_sum().over(by).alias("reserved"),
                     pl.col("_du").cum_sum().over(by).alias("utilized")))
+
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -427,14 +428,22 @@ def _innermost_ranges(trace: Trace, calls: pl.DataFrame) -> pl.DataFrame:
         pl.int_range(pl.len(), dtype=pl.Int64).alias("_row"), "global_tid",
         pl.col("api_start_ns").alias("start_ns"), pl.col("api_end_ns").alias("end_ns"),
     ).filter(pl.col("global_tid").is_not_null())
-    site = innermost_enclosing(
-        queries, ranges.select("global_tid", "range_id", "start_ns", "end_ns", "depth"),
-        by=["global_tid"], query_id="_row", range_id="range_id", depth="depth").collect()
-    site = site.join(ranges.select("range_id", "name"), on="range_id", how="left")
-    return (pl.DataFrame({"_row": pl.int_range(calls.height, dtype=pl.Int64, eager=True)})
-            .join(site.select("_row", pl.col("range_id").alias("nvtx_range_id"),
-                              pl.col("name").alias("nvtx_name")),
-                  on="_row", how="left", maintain_order="left").drop("_row"))
+    rng = ranges.select("global_tid", "range_id", "start_ns", "end_ns", "depth")
+    pairs = enclosing(queries, rng, by=["global_tid"], query_id="_row",
+                      range_id="range_id").collect()
+    # (query rows and range ids are unique across threads: the tightest range needs no
+    # ``by``, which lets it rank the ranges once; the attribution pass does the same)
+    site = tightest(pairs, rng, query_id="_row", range_id="range_id", depth="depth").collect()
+    # scatter the found ranges to their queries, and their names by a binary search of the
+    # (unique) range ids: no joins of the query rows
+    at = np.full(calls.height, -1, np.int64)
+    ids = ranges["range_id"].to_numpy()
+    order = np.argsort(ids, kind="stable")
+    at[site["_row"].to_numpy()] = order[np.searchsorted(ids[order], site["range_id"].to_numpy())]
+    idx = pl.Series(at)
+    idx = idx.set(idx < 0, None)
+    return pl.DataFrame({"nvtx_range_id": ranges["range_id"].gather(idx),
+                         "nvtx_name": ranges["name"].gather(idx)})
 
 
 SPEC = PassSpec(
