@@ -441,3 +441,19 @@ def test_sites_equal_brute_force(cases, case):
     assert got == brute_sites(path, bounds)
     assert set(got) >= {(0, PID, "init"), (0, PID, "forward")}
     assert sites["alloc_bytes_frac"].sum() == pytest.approx(1.0)
+
+
+def test_device_levels_without_the_pass_equal_the_pass(cases):
+    from nsysan.passes.memory import device_levels
+
+    path = cases[("sawtooth", "2023.4")]
+    fresh = device_levels(open_trace(path))  # built here
+    r = analyze(path)
+    shared = device_levels(r.trace)  # left by the pass
+    assert fresh.keys() == shared.keys() == {0}
+    for dev in fresh:
+        assert fresh[dev][0].tolist() == shared[dev][0].tolist()
+        assert fresh[dev][1].tolist() == shared[dev][1].tolist()
+    t, lvl = fresh[0]
+    dev_events = device_events(raw_events(path)[:-1])
+    assert lvl.tolist() == [level(dev_events, x) for x in t.tolist()]

@@ -57,9 +57,14 @@ from nsysan.passes import memory_levels as ml
 from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.op_keys import KEY as KEY_COL
 from nsysan.passes.op_keys import OP_KEY, op_key, unique_rows
+from nsysan.passes.trace_memo import TraceMemo
 
 KEY = ["device_id", "pid", "mem_kind"]
 DP = ["device_id", "pid"]
+DeviceLevels = dict[int, tuple[np.ndarray, np.ndarray]]
+#: trace -> per device, the times and levels of its device-resident memory in use (default
+#: kinds): made by the pass, read by the timeline picture (`device_levels`)
+_DEVICE_LEVELS: TraceMemo[DeviceLevels] = TraceMemo()
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,8 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
     d_keys, d_kid = ml.coarser(dp_keys, dp_kid, ["device_id"])
     dlv = ml.regrouped(lv, d_keys, d_kid) or ml.levels_of(d_keys, d_kid, t, signed)
     dpeak, dpeak_ns = dlv.peaks()
+    if tuple(params.device_kinds) == MemoryParams().device_kinds:  # what the picture draws
+        _DEVICE_LEVELS.get(trace, [trace.memory_events], lambda: _by_device(dlv))
     gpus = trace.frame("gpus") if trace.has("gpus") else schemas.empty(schemas.GPUS)
     totals = (gpus.select("device_id", pl.col("total_memory_bytes").alias("device_total_bytes"))
               .unique("device_id", keep="first").sort("device_id"))
@@ -375,6 +382,31 @@ def _pools(dev: pl.DataFrame, steady: pl.DataFrame | None) -> pl.DataFrame:
                                    slack.sum().cast(pl.Int64).alias("pool_growths_with_slack"))
     return peak.join(counts, on=DP, how="full", coalesce=True)
 
+
+
+def _by_device(lv: ml.Levels) -> DeviceLevels:
+    out = {}
+    for k, dev in enumerate(lv.keys["device_id"].to_list()):
+        lo, hi = int(lv.seg[k]), int(lv.seg[k + 1])
+        out[int(dev)] = (lv.t[lo:hi], lv.level[lo:hi])
+    return out
+
+
+def device_levels(trace: Trace) -> DeviceLevels:
+    """Per device: the distinct event times and the device memory in use after each (the
+    default device-resident kinds, every process; events at one time applied together)."""
+
+    def build() -> DeviceLevels:
+        ev = trace.memory_events.filter(
+            pl.col("op").is_not_null() & pl.col("bytes").is_not_null()
+            & pl.col("device_id").is_not_null()
+            & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds)))
+        if ev.is_empty():
+            return {}
+        t, _, _, signed = _arrays(ev)
+        return _by_device(ml.levels(ev, ["device_id"], t, signed))
+
+    return _DEVICE_LEVELS.get(trace, [trace.memory_events], build)
 
 
 def call_rows(trace: Trace, ev: pl.DataFrame) -> np.ndarray:

@@ -155,31 +155,16 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
 
 def _memory_levels(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
     """Per device whose memory size is known: the times and levels of its device memory in
-    use (device-resident kinds of every process, as the memory pass counts them by default;
-    events at one time applied together) and its memory size."""
-    from nsysan.passes.memory import MemoryParams
+    use (`nsysan.passes.memory.device_levels`, shared with the pass) and its memory size."""
+    from nsysan.passes.memory import device_levels
 
     gpus = trace.frame("gpus") if trace.has("gpus") else None
     if gpus is None:
         return {}
     totals = {d: m for d, m in gpus.select("device_id", "total_memory_bytes").iter_rows()
               if isinstance(d, int) and isinstance(m, int) and m > 0}
-    from nsysan.passes import memory_levels
-
-    ev = trace.memory_events.filter(
-        pl.col("device_id").is_in(list(totals))
-        & pl.col("mem_kind").is_in(list(MemoryParams().device_kinds)) & pl.col("op").is_not_null())
-    if ev.is_empty():
-        return {}
-    t = ev["start_ns"].to_numpy()
-    nbytes = ev["bytes"].to_numpy()
-    lv = memory_levels.levels(ev, ["device_id"], t,
-                              np.where((ev["op"] == "alloc").to_numpy(), nbytes, -nbytes))
-    out = {}
-    for k, dev in enumerate(lv.keys["device_id"].to_list()):
-        lo, hi = int(lv.seg[k]), int(lv.seg[k + 1])
-        out[int(dev)] = (lv.t[lo:hi], lv.level[lo:hi], totals[int(dev)])
-    return out
+    return {dev: (t, lvl, totals[dev]) for dev, (t, lvl) in device_levels(trace).items()
+            if dev in totals}
 
 
 def _memory_share(t: np.ndarray, lvl: np.ndarray, total: int, edges: np.ndarray) -> np.ndarray:
