@@ -9,8 +9,9 @@ with bench/scale_trace.py, plus ``--events`` memory-usage events written by SQLi
 per runtime API call in time order (so each joins its call and the NVTX range around it),
 alternating allocation and free of the same address (a saw-tooth), device memory, on the
 device of the call's process. The two cases are ``nsysan analyze TRACE -o OUT`` (the memory
-pass runs: the trace holds events) and the same with ``--passes`` = the default passes (no
-memory pass, memory_events never read); each run is a new process, the cases alternate so
+pass runs: the trace holds events), the same with ``--set memory.sites=false`` (no allocation
+sites), and with ``--passes`` = the default passes (no memory pass, memory_events never read);
+each run is a new process, the cases alternate so
 that machine load drifts hit both alike, and the medians are compared.
 """
 
@@ -67,7 +68,9 @@ def add_events(path: Path, n: int) -> int:
 
 def run(trace: Path, out: Path, passes: str | None) -> tuple[float, float, dict]:
     cmd = [sys.executable, "-m", "nsysan", "analyze", str(trace), "-o", str(out)]
-    if passes:
+    if passes == "sites":
+        cmd += ["--set", "memory.sites=false"]
+    elif passes:
         cmd += ["--passes", passes]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
@@ -96,14 +99,15 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "bench" / "scale_trace.py"), str(a.base),
                         "--kernels", str(a.kernels), "-o", str(trace)], check=True)
         print("memory events:", add_events(trace, a.events), flush=True)
-    walls: dict[str, list[float]] = {"with memory": [], "without": []}
-    cpus: dict[str, list[float]] = {"with memory": [], "without": []}
+    names = ("with memory", "memory, no sites", "without")
+    walls: dict[str, list[float]] = {k: [] for k in names}
+    cpus: dict[str, list[float]] = {k: [] for k in names}
     passes_s: list[float] = []
     run(trace, a.work / "warmup", None)  # builds the frame cache (memory_events included)
     for i in range(a.repeat):
-        cases = (("with memory", None), ("without", DEFAULTS))
+        cases = (("with memory", None), ("memory, no sites", "sites"), ("without", DEFAULTS))
         for case, passes in cases[:: 1 if i % 2 == 0 else -1]:
-            wall, cpu, timings = run(trace, a.work / f"out_{case.replace(' ', '_')}", passes)
+            wall, cpu, timings = run(trace, a.work / f"out_{i}", passes)
             walls[case].append(wall)
             cpus[case].append(cpu)
             if passes is None:
@@ -111,8 +115,9 @@ def main() -> None:
             print(f"run {i} {case}: wall {wall:.2f} s, cpu {cpu:.2f} s", flush=True)
     for label, d in (("wall", walls), ("cpu", cpus)):
         med = {k: statistics.median(v) for k, v in d.items()}
-        print(f"{label}: median with memory {med['with memory']:.2f} s, without "
-              f"{med['without']:.2f} s, ratio {med['with memory'] / med['without']:.3f}")
+        print(f"{label}: median " + ", ".join(f"{k} {v:.2f} s" for k, v in med.items())
+              + "; ratios to without: " + ", ".join(
+                  f"{k} {med[k] / med['without']:.3f}" for k in names[:2]))
     print(f"memory pass alone (manifest timings): median {statistics.median(passes_s):.2f} s")
 
 if __name__ == "__main__":

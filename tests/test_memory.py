@@ -441,6 +441,11 @@ def test_sites_equal_brute_force(cases, case):
     assert got == brute_sites(path, bounds)
     assert set(got) >= {(0, PID, "init"), (0, PID, "forward")}
     assert sites["alloc_bytes_frac"].sum() == pytest.approx(1.0)
+    off = analyze(path, passes=["steps", "memory"], settings={"memory.sites": "false"},
+                  findings=False)
+    assert off.results["memory"].tables["memory_sites"].is_empty()
+    assert off.results["memory"].tables["memory_summary"].equals(
+        r.results["memory"].tables["memory_summary"])
 
 
 def test_device_levels_without_the_pass_equal_the_pass(cases):

@@ -73,6 +73,9 @@ class MemoryParams:
     bins: int = 200
     #: memory kinds that live in device memory (count against the device's total)
     device_kinds: tuple[str, ...] = ("device", "array", "device_static")
+    #: build memory_sites (the NVTX range around every allocation call: about half the
+    #: pass's time on a million events; off, the findings name no allocation site)
+    sites: bool = True
     # The thresholds of this pass's findings live here, not in the findings params: a trace
     # without memory events then keeps its findings params (and bytes) exactly as before.
     #: MEMORY_NEAR_OOM: warning when the device peak leaves less than this share free ...
@@ -271,7 +274,8 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
         out = out.with_columns(**_per_step(trace, lv, steady, step, alloc, nbytes, rows))
     else:
         out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
-    sites = _sites(trace, ev if every else ev.filter(pl.Series(mask)), rows, alloc, step >= 0)
+    sites = (_sites(trace, ev if every else ev.filter(pl.Series(mask)), rows, alloc, step >= 0)
+             if params.sites else schemas.empty(schemas.MEMORY_SITES))
     pooled = ev.filter(pl.col("pool_address").is_not_null()
                        & pl.col("mem_kind").is_in(list(params.device_kinds)))
     out = out.join(_pools(pooled, steady), on=DP, how="left", maintain_order="left")
