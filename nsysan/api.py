@@ -166,7 +166,10 @@ def _run_passes(
     hash_inputs: bool = False,
 ) -> AnalysisResult:
     """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
-    specs = registry.resolve(passes)
+    # (settings are checked before the trace is opened; passes that run by default only on
+    # traces holding their input are added once it is)
+    chosen = passes if passes is not None else registry.auto_passes(None, settings)
+    specs = registry.resolve(chosen)
     params = registry.build_params(specs, settings)
     finding_params = _finding_params(settings) if findings else None
     check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
@@ -177,6 +180,9 @@ def _run_passes(
 
         trace.prefetch(frames_to_read(trace))
     timings = {"open": time.perf_counter() - t0}
+    if passes is None and registry.auto_passes(trace, settings) != chosen:
+        specs = registry.resolve(registry.auto_passes(trace, settings))
+        params = registry.build_params(specs, settings)
     if findings:
         # Imported while the frames load (the first pass waits for them anyway), not after
         # the passes: the import is ~0.05 s, a tenth of a small analysis.

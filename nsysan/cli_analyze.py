@@ -134,7 +134,8 @@ def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
     selected = parse_passes(passes)
     parsed = parse_settings(settings)
     # Validate passes and parameters once, before any trace is analysed.
-    registry.build_params(registry.resolve(selected), parsed)
+    registry.build_params(registry.resolve(
+        selected if selected is not None else registry.auto_passes(None, parsed)), parsed)
     if job:
         ignored = [opt for opt, given in (("--passes", passes is not None),
                                           ("--set", bool(settings)),

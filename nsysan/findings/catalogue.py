@@ -257,6 +257,73 @@ _SPECS = (
         needs=("cuda_api",),
     ),
     FindingSpec(
+        code="MEMORY_NEAR_OOM",
+        title="Device memory nearly full at the peak",
+        layer="framework",
+        severity_rule=(
+            "From CUDA memory-usage events (captured with `--cuda-memory-usage=true`): the "
+            "device's peak in use (device, array and static memory of all its processes) "
+            "leaves <= 5% of TARGET_INFO_GPU totalMemory free: warning; <= 2%: critical "
+            "(`memory.near_oom_warn_frac`, `memory.near_oom_crit_frac`)."
+        ),
+        advice=(
+            "Lower the peak before it turns into an out-of-memory error: smaller micro-batches "
+            "with gradient accumulation, activation checkpointing, mixed precision, sharded "
+            "optimizer state (ZeRO / FSDP), or free large temporaries earlier."
+        ),
+        quick_check=(
+            "memory.parquet: in_use_bytes_max around the peak time of memory_summary.parquet; "
+            "`torch.cuda.max_memory_allocated()` agrees."
+        ),
+        nothing_found="Device memory keeps a safe margin at its peak.",
+        needs=("memory_summary",),
+    ),
+    FindingSpec(
+        code="MEMORY_GROWTH",
+        title="Device memory in use grows step over step",
+        layer="framework",
+        severity_rule=(
+            "From memory-usage events: over >= 4 steady steps, >= 75% of the steps end with "
+            "more device memory in use than they started with and the level grows >= 1 MiB "
+            "per step: warning; critical when the margin left would be used up within 1000 "
+            "more steps at that rate (`memory.growth_*`)."
+        ),
+        advice=(
+            "Look for tensors kept across steps: losses or outputs accumulated with their "
+            "autograd graph (use `.item()` / `.detach()`), growing caches or lists, hooks "
+            "that store activations; the allocation site (NVTX range) names where it "
+            "allocates."
+        ),
+        quick_check=(
+            "memory.parquet: in_use_bytes_end rises bin after bin; "
+            "`torch.cuda.memory_allocated()` printed each step grows."
+        ),
+        nothing_found="Device memory in use does not grow from step to step.",
+        needs=("memory_summary", "steps"),
+    ),
+    FindingSpec(
+        code="POOL_FRAGMENTATION",
+        title="Memory pool reserves far more than it uses (fragmentation)",
+        layer="framework",
+        severity_rule=(
+            "From memory-usage events with memory-pool reports: a pool grew >= 3 times in the "
+            "steady state although its free bytes (reserved - utilized) could have held the "
+            "allocation, and it uses <= 50% of what it reserves at its reserved peak: warning "
+            "(`memory.frag_min_growths`, `memory.frag_max_utilized_frac`)."
+        ),
+        advice=(
+            "Keep allocation sizes stable (pad or bucket shapes), allocate large long-lived "
+            "buffers first, trim the pool (`cudaMemPoolTrimTo`) or set a release threshold; in "
+            "PyTorch try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`."
+        ),
+        quick_check=(
+            "memory.parquet: pool_size_bytes_max climbs while pool_utilized_bytes_max stays "
+            "low; `torch.cuda.memory_reserved()` far above `memory_allocated()`."
+        ),
+        nothing_found="Memory pools use what they reserve.",
+        needs=("memory_summary",),
+    ),
+    FindingSpec(
         code="SLOW_START",
         title="Slow start: long time to first kernel / first collective",
         layer="framework",

@@ -65,6 +65,12 @@ class NotEvaluated(Exception):  # a control-flow signal, not an error
     """Raised by a rule whose inputs are missing; the message is the reason shown to users."""
 
 
+class NotApplicable(Exception):  # a control-flow signal, not an error
+    """Raised by a rule over an optional capture that the trace lacks (memory-usage events):
+    the rule is left out of the report altogether, so such traces read as before the rule
+    existed; where the capture is reported missing says so (the baseline's memory line)."""
+
+
 @dataclass
 class Context:
     trace: Trace

@@ -18,12 +18,13 @@ from nsysan.findings import (
     rules_capture,
     rules_host,
     rules_idle,
+    rules_memory,
     rules_startup,
     rules_work,
 )
 from nsysan.findings.baseline import Baseline, Verdict, compute_baseline, compute_verdict
 from nsysan.findings.catalogue import CATALOGUE
-from nsysan.findings.context import Context, NotEvaluated
+from nsysan.findings.context import Context, NotApplicable, NotEvaluated
 from nsysan.findings.evidence import normalise
 from nsysan.findings.params import FindingParams
 from nsysan.frames.trace import Trace
@@ -44,7 +45,11 @@ RULES: dict[str, Rule] = {
     "NCCL_LOW_BANDWIDTH": rules_work.nccl_bandwidth,
     "NO_TENSOR_CORES": rules_work.no_tensor_cores,
     "DOMINANT_LAYER": rules_work.dominant_layer,
-    "MEMORY_CHURN": rules_work.memory_churn,
+    "MEMORY_CHURN": rules_memory.with_event_evidence(rules_work.memory_churn),
+    # device memory: only when the memory pass ran (NotApplicable otherwise)
+    "MEMORY_NEAR_OOM": rules_memory.near_oom,
+    "MEMORY_GROWTH": rules_memory.growth,
+    "POOL_FRAGMENTATION": rules_memory.pool_fragmentation,
     # host evidence: only when the host pass ran (see OPTIONAL_RULES)
     "HOST_CPU_BOUND": rules_host.cpu_bound,
     "HOST_WAITS_ON_GPU": rules_host.waits_on_gpu,
@@ -161,6 +166,8 @@ def diagnose(
             except NotEvaluated as exc:
                 unavailable.append(code)
                 reasons[code] = str(exc)
+                continue
+            except NotApplicable:  # an optional capture the trace lacks: not reported at all
                 continue
             if out:
                 findings.extend(out)

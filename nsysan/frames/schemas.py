@@ -251,6 +251,26 @@ HOST_EVIDENCE: dict[str, pl.Schema] = {
     "cpu_stacks": CPU_STACKS,
 }
 
+#: CUDA memory-usage events (``--cuda-memory-usage=true``), one row per device allocation or
+#: free: the columns the memory pass reads (it joins each event to its API call and NVTX
+#: range itself, `nsysan.passes.memory.linked_events`)
+MEMORY_EVENTS = pl.Schema(
+    {
+        "trace_id": STR,
+        "start_ns": I64,
+        "global_pid": I64,
+        "pid": I64,
+        "device_id": I64,
+        "bytes": I64,
+        "mem_kind": STR,  # device | pinned | managed | array | device_static | ... (snake_case)
+        "op": STR,  # alloc | free
+        "correlation_id": I64,  # of the CUDA API call that made it
+        "pool_address": I64,  # local memory pool, null outside a pool (or not exported)
+        "pool_size_bytes": I64,  # bytes the pool reserves after the event
+        "pool_utilized_bytes": I64,  # bytes of the pool handed out after the event
+    }
+)
+
 CANONICAL: dict[str, pl.Schema] = {
     "gpu_ops": GPU_OPS,
     "cuda_api": CUDA_API,
@@ -263,7 +283,11 @@ CANONICAL: dict[str, pl.Schema] = {
     "processes": PROCESSES,
     "threads": THREADS,
     "meta": META,
+    "memory_events": MEMORY_EVENTS,
 }
+#: frames outside the capture-status contract: never listed as "not captured" (an export
+#: without memory-usage events keeps its manifest and findings exactly as before)
+OPTIONAL_FRAMES = ("memory_events",)
 
 
 def empty(schema: pl.Schema) -> pl.DataFrame:
@@ -438,6 +462,70 @@ STEPS = pl.Schema(
     }
 )
 
+MEMORY = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "pid": I64,
+        "mem_kind": STR,
+        "bin": I64,
+        "start_ns": I64,
+        "end_ns": I64,
+        "in_use_bytes_max": I64,  # exact: the highest level reached inside the bin
+        "in_use_bytes_end": I64,  # level at the end of the bin
+        "alloc_bytes": I64,
+        "free_bytes": I64,
+        "n_allocs": I64,
+        "n_frees": I64,
+        "pool_size_bytes_max": I64,  # local pools of this key, reserved (null without pools)
+        "pool_utilized_bytes_max": I64,
+    }
+)
+
+MEMORY_SUMMARY = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "pid": I64,
+        "peak_bytes": I64,  # device-resident kinds of this process
+        "peak_ns": I64,  # first time the peak is reached
+        "device_peak_bytes": I64,  # all processes on the device together
+        "device_peak_ns": I64,
+        "device_total_bytes": I64,  # TARGET_INFO_GPU totalMemory
+        "margin_bytes": I64,  # device_total_bytes - device_peak_bytes
+        "margin_frac": F64,
+        "n_events": I64,
+        "n_steps": I64,  # steady steps the per-step columns are over
+        "growth_bytes_per_step": F64,  # (level at last step end - at first step start) / n
+        "steps_grown_frac": F64,  # share of steady steps that end above where they started
+        "steps_allocating_frac": F64,  # share of steady steps that allocate
+        "allocs_per_step": F64,
+        "frees_per_step": F64,
+        "alloc_bytes_per_step": F64,
+        "free_bytes_per_step": F64,
+        "api_ns_per_step": F64,  # host time in the API calls that made the steps' events
+        "pool_reserved_peak_bytes": I64,
+        "pool_utilized_at_peak_bytes": I64,
+        "pool_utilized_frac": F64,  # utilized / reserved at the reserved peak
+        "pool_growths": I64,  # steady-window events that grew a pool
+        "pool_growths_with_slack": I64,  # ... although the pool's free bytes could hold them
+    }
+)
+
+MEMORY_SITES = pl.Schema(
+    {
+        "trace_id": STR,
+        "device_id": I64,
+        "pid": I64,
+        "nvtx_name": STR,  # innermost NVTX range around the calls; null: outside every range
+        "n_allocs": I64,
+        "alloc_bytes": I64,
+        "alloc_bytes_frac": F64,  # of the process's allocated bytes on the device
+        "steady_n_allocs": I64,  # in the steady steps (all of them without steps)
+        "steady_alloc_bytes": I64,
+    }
+)
+
 OUTPUTS: dict[str, pl.Schema] = {
     "gaps": GAPS,
     "gap_summary": GAP_SUMMARY,
@@ -447,6 +535,9 @@ OUTPUTS: dict[str, pl.Schema] = {
     "layers": LAYERS,
     "kernels": KERNELS,
     "steps": STEPS,
+    "memory": MEMORY,
+    "memory_summary": MEMORY_SUMMARY,
+    "memory_sites": MEMORY_SITES,
 }
 
 # ---------------------------------------------------------------------------------------------

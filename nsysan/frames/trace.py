@@ -179,6 +179,10 @@ class Trace:
         return self.frame("threads")
 
     @property
+    def memory_events(self) -> pl.DataFrame:
+        return self.frame("memory_events")
+
+    @property
     def meta_frame(self) -> pl.DataFrame:
         return self.frame("meta")
 
@@ -198,7 +202,7 @@ class Trace:
                 conformed[name] = schemas.conform(df, schema)
             else:
                 conformed[name] = schemas.empty(schema)
-                if name != "meta":
+                if name != "meta" and name not in schemas.OPTIONAL_FRAMES:
                     missing[name] = "not provided"
         for name, schema in schemas.HOST_EVIDENCE.items():  # optional: never "missing"
             df = frames.get(name)

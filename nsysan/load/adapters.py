@@ -94,6 +94,7 @@ QUALITY_TABLES: dict[str, tuple[str, ...]] = {
     "sched": ("SCHED_EVENTS",),
     "cpu_samples": ("COMPOSITE_EVENTS",),
     "cpu_stacks": ("SAMPLING_CALLCHAINS",),
+    "memory_events": ("CUDA_GPU_MEMORY_USAGE_EVENTS",),
 }
 
 LAZY_HINT = "a lazy export also omits a table when nothing of that kind was recorded"
@@ -405,6 +406,7 @@ class Adapter:
             "sched": ("adapters_sched", "build_sched"),
             "cpu_samples": ("adapters_samples", "build_cpu_samples"),
             "cpu_stacks": ("adapters_samples", "build_cpu_stacks"),
+            "memory_events": ("adapters_memory", "build_memory_events"),
         }
         # Imported on first use: those modules build on this one, and importing
         # adapters_nvtx (numpy) must not delay the gpu_ops frame of a prefetch thread.
@@ -413,6 +415,8 @@ class Adapter:
         df = builder(self)
         schema = schemas.CANONICAL.get(frame) or schemas.HOST_EVIDENCE[frame]
         df = df if df is not None else schemas.empty(schema)
+        if frame in schemas.OPTIONAL_FRAMES and df.is_empty():
+            return df  # no events: no data-quality entry (the manifest stays as it was)
         self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
                      df.height)
         return df

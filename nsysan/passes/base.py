@@ -28,7 +28,10 @@ class PassSpec:
     each output table to its schema (declared in the pass's module, or in
     `nsysan.frames.schemas` for the first passes); ``requires`` names passes whose results
     ``run`` reads (they run first; ``after`` names passes used only when they are also
-    selected); ``default``: run by ``nsysan analyze`` when ``--passes`` is not given.
+    selected); ``default``: run by ``nsysan analyze`` when ``--passes`` is not given; ``auto``:
+    a probe of the trace for a pass that is not a default one: it joins the default passes of
+    a trace the probe finds its input in (or when ``--set`` configures it), so a trace without
+    that input keeps exactly the outputs it had before the pass existed.
 
     A module of `nsysan.passes` that defines ``SPEC`` is a pass (`registry.registry`): adding
     a pass is adding its module.
@@ -42,3 +45,4 @@ class PassSpec:
     requires: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     default: bool = False
+    auto: Callable[[Any], bool] | None = None

@@ -44,6 +44,17 @@ def _pass_modules() -> list[Any]:
     return [found[n] for n in sorted(found, key=lambda n: (rank.get(n, len(rank)), n))]
 
 
+def auto_passes(trace: Any, settings: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The default passes for ``trace``: `default_passes`, plus each pass with an ``auto``
+    probe (`PassSpec.auto`) that finds its input in the trace or that ``settings``
+    configure; without a trace (None), only the configured ones."""
+    named = {k.partition(".")[0] for k in (settings or {})}
+    extra = tuple(name for name, spec in registry().items()
+                  if not spec.default and spec.auto is not None
+                  and (name in named or (trace is not None and spec.auto(trace))))
+    return (*default_passes(), *extra)
+
+
 def registry() -> dict[str, PassSpec]:
     """All registered passes by name, in tie-break order (see `_pass_modules`)."""
     specs: dict[str, PassSpec] = {}

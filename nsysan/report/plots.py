@@ -29,7 +29,7 @@ from nsysan.report.jsonout import atomic_write
 CLASSES = ("compute", "nccl", "h2d", "d2h", "d2d", "p2p", "memset")
 _COLORS = {"compute": "#2e7d32", "nccl": "#1565c0", "h2d": "#ef6c00", "d2h": "#8e24aa",
            "d2d": "#6d4c41", "p2p": "#00838f", "memset": "#757575",
-           "exposed nccl": "#c62828", "idle": "#bdbdbd"}
+           "exposed nccl": "#c62828", "idle": "#bdbdbd", "memory in use": "#6a1b9a"}
 MAX_GAPS = 300  # longest gaps drawn per device (all are in gaps.parquet)
 MAX_STEP_LINES = 400
 
@@ -116,6 +116,7 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     steps = tables.get("steps")
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
                    if steps is not None and steps.height <= MAX_STEP_LINES else [])
+    memory = _memory_levels(trace) if "memory" in tables else {}
     out = []
     for dev, t0, t1 in spans.sort("device_id").iter_rows():  # one iteration per device
         if t1 <= t0:
@@ -140,6 +141,8 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                                             - lanes.get("compute", 0.0), 0, 1)
         lanes["idle"] = 1 - b
         lanes.update(_host_lanes(trace, tables, edges))
+        if int(dev) in memory:  # only when the memory pass found memory-usage events
+            lanes["memory in use"] = _memory_share(*memory[int(dev)], edges)
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
                                  "cause_detail": pl.String})
@@ -178,6 +181,34 @@ def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame], edges: np.ndarray
         label = f"host {r['tid']} {_LAYER_ABBR.get(r['top_layer'] or '', '')}".strip()
         out[label] = _coverage(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), edges)
     return out
+
+
+def _memory_levels(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+    """Per device whose memory size is known: the times and levels of its device memory in
+    use (`nsysan.passes.memory.device_levels`, shared with the pass) and its memory size."""
+    from nsysan.passes.memory import device_levels
+
+    gpus = trace.frame("gpus") if trace.has("gpus") else None
+    if gpus is None:
+        return {}
+    totals = {d: m for d, m in gpus.select("device_id", "total_memory_bytes").iter_rows()
+              if isinstance(d, int) and isinstance(m, int) and m > 0}
+    return {dev: (t, lvl, totals[dev]) for dev, (t, lvl) in device_levels(trace).items()
+            if dev in totals}
+
+
+def _memory_share(t: np.ndarray, lvl: np.ndarray, total: int, edges: np.ndarray) -> np.ndarray:
+    """Per bin, the highest level (`_memory_levels`) as a share of the device's memory,
+    exactly: the level a bin starts with or reaches after any of its events."""
+    first = np.searchsorted(t, edges[:-1], side="left")
+    last = np.searchsorted(t, edges[1:], side="left")
+    last[-1] = np.searchsorted(t, edges[-1], side="right")  # the last bin holds its end
+    level = np.where(first > 0, lvl[np.maximum(first - 1, 0)], 0)
+    has = last > first
+    if has.any():
+        level[has] = np.maximum(level[has],
+                                np.maximum.reduceat(lvl[:last[-1]], first[has]))
+    return np.clip(level / total, 0, 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def timeline(edges: np.ndarray, busy: np.ndarray, lanes: dict[str, np.ndarray],
     d = ImageDraw.Draw(im)
     f, small = font(12), font(10)
     xm = np.arange(pw) + left
-    for key in ("compute", "exposed nccl"):
+    for key in ("compute", "exposed nccl", "memory in use"):
         if key in lanes:
             ys = top + ph - 1 - (np.clip(lanes[key][col_bin], 0, 1) * 100 / 105 * (ph - 1))
             d.line(list(zip(xm.tolist(), ys.tolist(), strict=True)), fill=rgb(colors[key]),
@@ -141,6 +141,8 @@ def timeline(edges: np.ndarray, busy: np.ndarray, lanes: dict[str, np.ndarray],
     legend = [("busy (any op)", colors["compute"]), ("compute", colors["compute"])]
     if "exposed nccl" in lanes:
         legend.append(("exposed nccl", colors["exposed nccl"]))
+    if "memory in use" in lanes:  # (memory-usage events: % of device memory, not of bin)
+        legend.append(("memory % of device", colors["memory in use"]))
     lx = left + pw - 10 - 120 * len(legend)
     for k, (label, color) in enumerate(legend):
         x = lx + 120 * k

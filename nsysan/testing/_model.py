@@ -11,7 +11,8 @@ NULL_STREAM_ID = 7  # the legacy default stream id CUPTI gives the first context
 CUPTI_INVALID = 0xFFFFFFFF  # CUPTI's "does not apply" marker (stream of a context sync, ...)
 
 COPY_KINDS = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "HtoH": 9, "PtoP": 10}
-MEM_KINDS = {"pageable": 0, "pinned": 1, "device": 2, "array": 3, "managed": 4}
+MEM_KINDS = {"pageable": 0, "pinned": 1, "device": 2, "array": 3, "managed": 4,
+             "device_static": 5, "managed_static": 6}
 COPY_OP_CLASS = {
     "HtoD": "memcpy_h2d",
     "DtoH": "memcpy_d2h",
@@ -147,6 +148,26 @@ class HostEvent:
     global_tid: int
     name: str
     return_value: int = 0
+
+
+@dataclass
+class MemoryEvent:
+    """A CUDA_GPU_MEMORY_USAGE_EVENTS row: one device allocation or free."""
+
+    start_ns: int
+    global_pid: int
+    device_id: int
+    address: int
+    bytes: int
+    mem_kind: str  # key of MEM_KINDS
+    op: str  # alloc | free
+    api: ApiCall | None = None  # the call that made it (its correlation id is the event's)
+    context_id: int = 1
+    pool_address: int | None = None
+    pool_release_threshold: int | None = None
+    pool_size: int | None = None
+    pool_utilized: int | None = None
+    name: str | None = None
 
 
 @dataclass

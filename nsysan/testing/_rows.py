@@ -91,6 +91,7 @@ def materialize(b: TraceBuilder, layout: str, filename: str, lazy: bool) -> dict
     ]
     rows["OSRT_API"] = _osrt(b, duration)
     rows.update(_host_evidence(b))
+    rows["CUDA_GPU_MEMORY_USAGE_EVENTS"] = _memory(b)
     rows["ThreadNames"] = [
         {
             "nameId": b.string_id(name),
@@ -317,6 +318,24 @@ _GPU_FACTS: Row = {  # an A100-SXM4-80GB as nsys describes it
 }
 
 
+def _memory(b: TraceBuilder) -> list[Row]:
+    """CUDA_GPU_MEMORY_USAGE_EVENTS in time order (nsys writes them as CUPTI delivers them)."""
+    out = []
+    for e in sorted(b.memory, key=lambda e: e.start_ns):
+        out.append({
+            "start": e.start_ns, "globalPid": e.global_pid, "deviceId": e.device_id,
+            "contextId": e.context_id, "address": e.address, "pc": 0, "bytes": e.bytes,
+            "memKind": MEM_KINDS[e.mem_kind],
+            "memoryOperationType": 0 if e.op == "alloc" else 1, "name": e.name,
+            "correlationId": e.api.correlation_id if e.api is not None else None,
+            "localMemoryPoolAddress": e.pool_address,
+            "localMemoryPoolReleaseThreshold": e.pool_release_threshold,
+            "localMemoryPoolSize": e.pool_size,
+            "localMemoryPoolUtilizedSize": e.pool_utilized,
+        })
+    return out
+
+
 def _gpus(b: TraceBuilder) -> list[Row]:
     devices = dict.fromkeys(sorted({op.device_id for op in b.ops} | set(b.gpus)))
     out = []
@@ -458,6 +477,8 @@ def _export_meta(
         ("OS_RUNTIME_OPTIONS:DURATION_THRESHOLD_NS", "1000"),
         ("NVTX_OPTIONS:NVTX_DOMAIN_FILTER_STRING", ""),
     ]
+    if b.memory_usage_captured:  # the key real 2023.4 captures write ("false" when off)
+        capture.append(("PROCESS_0:COLLECT_GPU_MEMORY_USAGE", "true"))
     return {
         "META_DATA_CAPTURE": [{"name": n, "value": v} for n, v in capture],
         "META_DATA_EXPORT": [{"name": n, "value": v} for n, v in pairs],

@@ -70,6 +70,15 @@ _COLUMNS_2022_4: dict[str, str] = {
         "start INTEGER NOT NULL, end INTEGER NOT NULL, globalTid INTEGER, nameId INTEGER NOT "
         "NULL, returnValue INTEGER NOT NULL"
     ),
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": (
+        "start INTEGER NOT NULL, globalPid INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
+        "contextId INTEGER NOT NULL, address INTEGER NOT NULL, pc INTEGER NOT NULL, bytes "
+        "INTEGER NOT NULL, memKind INTEGER NOT NULL, memoryOperationType INTEGER NOT NULL, "
+        "name TEXT, correlationId INTEGER, localMemoryPoolAddress INTEGER, "
+        "localMemoryPoolReleaseThreshold INTEGER, localMemoryPoolSize INTEGER, "
+        "localMemoryPoolUtilizedSize INTEGER, importedMemoryPoolAddress INTEGER, "
+        "importedMemoryPoolProcessId INTEGER"
+    ),
     "OSRT_API": (
         "start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, globalTid "
         "INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, nestingLevel "
@@ -159,6 +168,7 @@ _COLUMNS_2023_4: dict[str, str] = {
         "INTEGER, globalPid INTEGER, syncType INTEGER NOT NULL, eventId INTEGER NOT NULL"
     ),
     "PROFILER_OVERHEAD": _COLUMNS_2022_4["PROFILER_OVERHEAD"],
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": _COLUMNS_2022_4["CUDA_GPU_MEMORY_USAGE_EVENTS"],
     "OSRT_API": _COLUMNS_2022_4["OSRT_API"],
     **{t: _COLUMNS_2022_4[t] for t in ("SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS")},
     "ThreadNames": _COLUMNS_2022_4["ThreadNames"],
@@ -238,3 +248,16 @@ def column_names(spec: str) -> list[str]:
         if word != "PRIMARY":
             names.append(word)
     return names
+
+
+#: the memory-pool columns of CUDA_GPU_MEMORY_USAGE_EVENTS (a reduced or third-party export
+#: may lack them: `TraceBuilder(memory_pool_columns=False)` writes the table without them)
+MEMORY_POOL_COLUMNS = (
+    "localMemoryPoolAddress", "localMemoryPoolReleaseThreshold", "localMemoryPoolSize",
+    "localMemoryPoolUtilizedSize", "importedMemoryPoolAddress", "importedMemoryPoolProcessId",
+)
+
+
+def without_columns(spec: str, drop: tuple[str, ...]) -> str:
+    """``spec`` without the columns named in ``drop``."""
+    return ", ".join(p for p in spec.split(", ") if p.split(" ", 1)[0] not in drop)

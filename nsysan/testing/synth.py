@@ -32,6 +32,7 @@ from nsysan.testing._model import (
     GpuOp,
     HostEvent,
     KernelName,
+    MemoryEvent,
     NvtxEvent,
     Process,
     SyncEvent,
@@ -44,6 +45,7 @@ __all__ = [
     "GpuOp",
     "HostEvent",
     "KernelName",
+    "MemoryEvent",
     "NvtxEvent",
     "Process",
     "SyncEvent",
@@ -70,6 +72,7 @@ class TraceBuilder:
         hostname: str = "synthetic-node",
         command: tuple[str, ...] = ("python", "train.py"),
         tail_ns: int = 2_000_000,
+        memory_pool_columns: bool = True,
     ):
         self.session_start_utc_ns = session_start_utc_ns
         self.hostname = hostname
@@ -87,6 +90,12 @@ class TraceBuilder:
         #: (gtid, time, cpu, stack as (symbol, module) leaf first, thread state)
         self.sched: list[tuple[int, int, int, int]] = []
         self.samples: list[tuple[int, int, int, tuple[tuple[str, str], ...], int]] = []
+        self.memory: list[MemoryEvent] = []
+        #: write CUDA_GPU_MEMORY_USAGE_EVENTS with its memory-pool columns (nsys does)
+        self.memory_pool_columns = memory_pool_columns
+        #: the capture ran with --cuda-memory-usage=true (set by `add_memory_event`; 2023.4
+        #: layouts then say so in META_DATA_CAPTURE)
+        self.memory_usage_captured = False
         self._strings: dict[str, int] = {}
         self._next_graph_node = 1
         for s in ("[Unknown]", "[kernel.kallsyms]", "[Max depth]"):  # ids 0-2 as in nsys
@@ -428,6 +437,28 @@ class TraceBuilder:
             self._intern(module)
         self.samples.append((gtid, time_ns, cpu, tuple(stack), state))
 
+    def add_memory_event(
+        self, pid: int, start_ns: int, nbytes: int, op: str, *, address: int,
+        device_id: int = 0, mem_kind: str = "device", api: ApiCall | None = None,
+        pool: tuple[int, int, int] | None = None, release_threshold: int | None = None,
+        name: str | None = None,
+    ) -> MemoryEvent:
+        """A CUDA memory-usage event of process ``pid``: ``op`` is alloc | free, ``api`` the
+        call that made it, ``pool`` = (pool address, pool size, utilized size) after it."""
+        if op not in ("alloc", "free") or mem_kind not in MEM_KINDS or nbytes < 0 \
+                or start_ns < 0:
+            raise ConfigError(f"memory event: op {op!r}, kind {mem_kind!r}, {nbytes} bytes "
+                              f"at {start_ns}")
+        proc = self._process(pid)
+        ev = MemoryEvent(start_ns, proc.global_pid, device_id, address, nbytes, mem_kind, op,
+                         api, name=name)
+        if pool is not None:
+            ev.pool_address, ev.pool_size, ev.pool_utilized = pool
+            ev.pool_release_threshold = release_threshold
+        self.memory.append(ev)
+        self.memory_usage_captured = True
+        return ev
+
     # -- derived ----------------------------------------------------------------------------
     @property
     def duration_ns(self) -> int:
@@ -437,6 +468,7 @@ class TraceBuilder:
         ends += [e.end_ns if e.end_ns is not None else e.start_ns for e in self.nvtx]
         ends += [e.end_ns for e in self.osrt] + [e.end_ns for e in self.overhead]
         ends += [e for *_, e in self.sched] + [t for _, t, *_ in self.samples]
+        ends += [e.start_ns for e in self.memory]
         return max(ends) + self.tail_ns
 
     def assign_correlation_ids(self) -> None:
@@ -476,8 +508,12 @@ class TraceBuilder:
                 data = rows.get(table, [])
                 if lazy and not data:
                     continue
+                if table == "CUDA_GPU_MEMORY_USAGE_EVENTS" and not self.memory_pool_columns:
+                    spec = _schema.without_columns(spec, _schema.MEMORY_POOL_COLUMNS)
                 con.execute(f"CREATE TABLE {table} ({spec})")
                 cols = _schema.column_names(spec)
+                if table == "CUDA_GPU_MEMORY_USAGE_EVENTS":
+                    data = [{k: v for k, v in r.items() if k in cols} for r in data]
                 unknown = {k for r in data for k in r} - set(cols)
                 if unknown:  # a builder bug, not a user error
                     raise AssertionError(f"{table} has no columns {sorted(unknown)}")
