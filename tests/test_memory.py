@@ -19,8 +19,8 @@ from row_order import shuffled_copy
 
 from nsysan.api import analyze, analyze_to_dir
 from nsysan.errors import ConfigError, SchemaError
-from nsysan.frames import schemas
 from nsysan.load import open_trace
+from nsysan.passes.memory_schemas import MEMORY, MEMORY_SITES, MEMORY_SUMMARY
 from nsysan.testing._memory import ACT_BYTES, CASES, DEVICE_TOTAL, MIB, PID, memory_case
 from nsysan.testing.synth import TraceBuilder
 
@@ -364,8 +364,8 @@ def test_cli_memory_settings(cases, tmp_path):
                        "--set", "memory.bins=10", "-o", str(tmp_path / "a"))
     assert code == 0, err
     target = tmp_path / "a" / "example_ddp"
-    for name, schema in (("memory", schemas.MEMORY), ("memory_summary", schemas.MEMORY_SUMMARY),
-                         ("memory_sites", schemas.MEMORY_SITES)):
+    for name, schema in (("memory", MEMORY), ("memory_summary", MEMORY_SUMMARY),
+                         ("memory_sites", MEMORY_SITES)):
         table = pl.read_parquet(target / f"{name}.parquet")
         assert table.is_empty() and table.schema == schema
     codes = {f["code"] for f in json.loads((target / "findings.json").read_text())["findings"]}

@@ -56,6 +56,7 @@ from nsysan.frames.context import Product, product, share
 from nsysan.frames.trace import Trace
 from nsysan.passes import memory_levels as ml
 from nsysan.passes.base import PassResult, PassSpec, Results
+from nsysan.passes.memory_schemas import MEMORY, MEMORY_SITES, MEMORY_SUMMARY, TABLES
 from nsysan.passes.op_keys import KEY as KEY_COL
 from nsysan.passes.op_keys import OP_KEY, op_key, unique_rows
 
@@ -146,9 +147,9 @@ def run(trace: Trace, params: MemoryParams, results: Results) -> PassResult:
         if dev.height:
             metrics["peak_memory_bytes"] = int(dev["device_peak_bytes"].max())  # type: ignore[arg-type]
     return PassResult(
-        tables={"memory": schemas.conform(curve, schemas.MEMORY),
-                "memory_summary": schemas.conform(summary, schemas.MEMORY_SUMMARY),
-                "memory_sites": schemas.conform(sites, schemas.MEMORY_SITES)},
+        tables={"memory": schemas.conform(curve, MEMORY),
+                "memory_summary": schemas.conform(summary, MEMORY_SUMMARY),
+                "memory_sites": schemas.conform(sites, MEMORY_SITES)},
         metrics=metrics,
     )
 
@@ -246,7 +247,7 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
     device_key = keys["mem_kind"].is_in(list(params.device_kinds)).fill_null(False).to_numpy()
     mask = device_key[kid]
     if not mask.any():
-        return schemas.empty(schemas.MEMORY_SUMMARY), schemas.empty(schemas.MEMORY_SITES)
+        return schemas.empty(MEMORY_SUMMARY), schemas.empty(MEMORY_SITES)
     every = bool(device_key.all())
     t, alloc, nbytes, signed = arrays if every else tuple(a[mask] for a in arrays)
     dp_keys, dp_kid = ml.coarser(keys, kid if every else kid[mask], DP)
@@ -282,7 +283,7 @@ def _summary(trace: Trace, ev: pl.DataFrame, arrays: Arrays, klv: ml.Levels,
     else:
         out = out.with_columns(pl.lit(0, pl.Int64).alias("n_steps"))
     sites = (_sites(trace, ev if every else ev.filter(pl.Series(mask)), rows, alloc, step >= 0)
-             if params.sites else schemas.empty(schemas.MEMORY_SITES))
+             if params.sites else schemas.empty(MEMORY_SITES))
     pooled = ev.filter(pl.col("pool_address").is_not_null()
                        & pl.col("mem_kind").is_in(list(params.device_kinds)))
     out = out.join(_pools(pooled, steady), on=DP, how="left", maintain_order="left")
@@ -296,7 +297,7 @@ def _sites(trace: Trace, dev: pl.DataFrame, rows: np.ndarray, alloc: np.ndarray,
     innermost NVTX range around the call on its thread (null: outside every range)."""
     take = alloc & (rows >= 0)
     if not take.any():
-        return schemas.empty(schemas.MEMORY_SITES)
+        return schemas.empty(MEMORY_SITES)
     api = trace.cuda_api
     idx = pl.Series(rows[take])
     calls = pl.DataFrame({"global_tid": api["global_tid"].gather(idx),
@@ -501,8 +502,7 @@ SPEC = PassSpec(
     description="device memory in use (curve, peak, growth per step, pools) from CUDA "
                 "memory-usage events",
     params=MemoryParams,
-    tables={"memory": schemas.MEMORY, "memory_summary": schemas.MEMORY_SUMMARY,
-            "memory_sites": schemas.MEMORY_SITES},
+    tables=TABLES,
     run=run,
     after=("steps",),
     auto=has_events,
