@@ -19,6 +19,8 @@ from pathlib import Path
 
 from nsysan.errors import ConfigError
 from nsysan.testing import _rows, _schema
+from nsysan.testing._host_memory import HostAndMemoryEvents
+from nsysan.testing._host_memory import check_interval as _check_interval
 from nsysan.testing._model import (
     COPY_KINDS,
     COPY_OP_CLASS,
@@ -55,12 +57,7 @@ __all__ = [
 ]
 
 
-def _check_interval(what: str, start: int, end: int) -> None:
-    if start < 0 or end < start:
-        raise ConfigError(f"{what}: interval [{start}, {end}) is negative or reversed")
-
-
-class TraceBuilder:
+class TraceBuilder(HostAndMemoryEvents):
     """Collects processes, threads, CUDA work, NVTX and OS-runtime events, then writes them as
     an nsys SQLite export (`write`). Everything added stays inspectable (``ops``, ``apis``,
     ``nvtx``, ...), which is what scenarios compute their planted truth from."""
@@ -413,50 +410,6 @@ class TraceBuilder:
         ev = HostEvent(start_ns, end_ns, gtid, name)
         self.overhead.append(ev)
         self._intern(name)
-        return ev
-
-    def add_on_cpu(self, gtid: int, start_ns: int, end_ns: int, cpu: int = 0) -> None:
-        """Thread ``gtid`` ran on ``cpu`` during [start, end): a switch-in and a switch-out
-        row of SCHED_EVENTS (what ``--cpuctxsw`` records)."""
-        _check_interval("on-CPU interval", start_ns, end_ns)
-        self._process(self._pid_of(gtid))
-        self.sched.append((gtid, cpu, start_ns, end_ns))
-
-    def add_sample(
-        self, gtid: int, time_ns: int, stack: list[tuple[str, str]], *, cpu: int = 0,
-        state: int = 1,
-    ) -> None:
-        """A CPU IP/backtrace sample of thread ``gtid``: ``stack`` is (symbol, module) pairs,
-        leaf first (COMPOSITE_EVENTS + SAMPLING_CALLCHAINS rows); ``state`` is nsys' thread
-        state number (1 = running)."""
-        if time_ns < 0:
-            raise ConfigError(f"sample at {time_ns} ns lies before the session")
-        self._process(self._pid_of(gtid))
-        for symbol, module in stack:
-            self._intern(symbol)
-            self._intern(module)
-        self.samples.append((gtid, time_ns, cpu, tuple(stack), state))
-
-    def add_memory_event(
-        self, pid: int, start_ns: int, nbytes: int, op: str, *, address: int,
-        device_id: int = 0, mem_kind: str = "device", api: ApiCall | None = None,
-        pool: tuple[int, int, int] | None = None, release_threshold: int | None = None,
-        name: str | None = None,
-    ) -> MemoryEvent:
-        """A CUDA memory-usage event of process ``pid``: ``op`` is alloc | free, ``api`` the
-        call that made it, ``pool`` = (pool address, pool size, utilized size) after it."""
-        if op not in ("alloc", "free") or mem_kind not in MEM_KINDS or nbytes < 0 \
-                or start_ns < 0:
-            raise ConfigError(f"memory event: op {op!r}, kind {mem_kind!r}, {nbytes} bytes "
-                              f"at {start_ns}")
-        proc = self._process(pid)
-        ev = MemoryEvent(start_ns, proc.global_pid, device_id, address, nbytes, mem_kind, op,
-                         api, name=name)
-        if pool is not None:
-            ev.pool_address, ev.pool_size, ev.pool_utilized = pool
-            ev.pool_release_threshold = release_threshold
-        self.memory.append(ev)
-        self.memory_usage_captured = True
         return ev
 
     # -- derived ----------------------------------------------------------------------------
