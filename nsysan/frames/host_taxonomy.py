@@ -123,8 +123,10 @@ def layer_expr(module: pl.Expr) -> pl.Expr:
 
 def module_layers(modules: pl.Series) -> pl.DataFrame:
     """``module, layer`` for each distinct module of ``modules`` (each matched once)."""
+    # ``module`` keeps the input's dtype (String or Categorical) so that it joins back; the
+    # rules match on the text of the few distinct values only
     distinct = pl.DataFrame({"module": modules}).unique("module")
-    return distinct.with_columns(layer_expr(pl.col("module")).alias("layer"))
+    return distinct.with_columns(layer_expr(pl.col("module").cast(pl.String)).alias("layer"))
 
 
 def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:

@@ -24,17 +24,33 @@ SAMPLES_TABLE = "COMPOSITE_EVENTS"
 CALLCHAINS_TABLE = "SAMPLING_CALLCHAINS"
 
 
-def _resolve_ids(adapter: Adapter, df: pl.DataFrame, cols: dict[str, str]) -> pl.DataFrame:
-    """Replace each StringIds key column by its value (each distinct id looked up once)."""
+def _resolve_categorical(adapter: Adapter, df: pl.DataFrame, cols: dict[str, str]
+                         ) -> pl.DataFrame:
+    """Replace each StringIds key column by its value as a Categorical: each distinct id is
+    looked up once and every row holds a 32-bit code. Why: a call-chain table has ~10 frames
+    per sample (13M rows at 1M kernels) but a few thousand distinct symbols and a few hundred
+    modules; a String column would copy the (long, C++-mangled) text into every row."""
     strings = adapter.strings
     for col, out in cols.items():
-        # a gather through one lookup index: a join would move every other column too
         ids = df.select(pl.col(col).unique().drop_nulls().sort())
         lookup = ids.join(strings.rename({"id": col, "value": out}), on=col, how="left")
         at = df[col].replace_strict(lookup[col], pl.int_range(lookup.height, eager=True),
                                     default=None, return_dtype=pl.UInt32)
-        df = df.with_columns(lookup[out].gather(at).alias(out)).drop(col)
+        values = lookup[out].cast(pl.Categorical)
+        df = df.with_columns(values.gather(at).alias(out)).drop(col)
     return df
+
+
+def _in_order(df: pl.DataFrame) -> bool:
+    """True when the rows are strictly increasing in (id, stackDepth), as nsys writes them:
+    then sorting is a no-op and no rows tie."""
+    if df.height < 2:
+        return True
+    step = df.select(
+        d_id=pl.col("id").diff(), d_depth=pl.col("stackDepth").diff()
+    ).slice(1)
+    return bool(step.select(((pl.col("d_id") > 0) | ((pl.col("d_id") == 0)
+                                                      & (pl.col("d_depth") > 0))).all()).item())
 
 
 def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
@@ -48,7 +64,8 @@ def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
     if dropped:
         quality.add("missing_timestamp", dropped)
         df = df.filter(valid)
-    df = _resolve_ids(adapter, df, {"symbol": "symbol_name", "module": "module_name"})
+    ordered = _in_order(df)
+    df = _resolve_categorical(adapter, df, {"symbol": "symbol_name", "module": "module_name"})
     df = df.select(
         sample_id="id",
         depth="stackDepth",
@@ -56,7 +73,9 @@ def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
         module="module_name",
         kernel_mode=pl.col("kernelMode").cast(pl.Boolean),
     )
-    return adapter.finish(content_sort(df, ["sample_id", "depth"]), schemas.CPU_STACKS)
+    if not ordered:  # ties (duplicate frames) sort by the text: Categoricals sort lexically
+        df = content_sort(df, ["sample_id", "depth"])
+    return adapter.finish(df, schemas.CPU_STACKS)
 
 
 def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
