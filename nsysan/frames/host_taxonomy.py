@@ -171,8 +171,9 @@ def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
     if not _in_stack_order(frames):
         frames = frames.sort("sample_id", "depth", maintain_order=True)
     os_code, unknown = HOST_LAYERS.index("os"), HOST_LAYERS.index("unknown")
+    # in (sample_id, depth) order a sample's first depth-0 frame follows another sample's
     leaf = (frames.filter(pl.col("depth") == 0).select("sample_id", leaf_code="code")
-            .unique("sample_id", keep="first", maintain_order=True))
+            .filter(pl.col("sample_id").ne_missing(pl.col("sample_id").shift(1))))
     # the nearest caller with a known, non-OS layer: the first such frame of each sample in
     # (sample_id, depth) order; computed for all samples (a filter and a shift on integer
     # columns), used for the OS leaves only
@@ -192,4 +193,4 @@ def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
         "sample_id": out["sample_id"],
         "leaf_layer": names.gather(out["leaf_code"]),
         "layer": names.gather(out["code"]),
-    }).sort("sample_id")
+    })  # in sample_id order: the leaves were

@@ -78,6 +78,23 @@ def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
     return adapter.finish(df, schemas.CPU_STACKS)
 
 
+def _leaves_and_sizes(stacks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(``id, leaf_symbol, leaf_module``: the first depth-0 frame of each sample,
+    ``id, n_frames``) of ``stacks``. The cpu_stacks frame is sorted by (sample_id, depth):
+    then both come from comparisons with the previous row and run lengths, without hashing
+    millions of frames; any other order takes the group-by."""
+    leaf = stacks.filter(pl.col("depth") == 0).select(
+        pl.col("sample_id").alias("id"), leaf_symbol="symbol", leaf_module="module")
+    if stacks["sample_id"].is_sorted():
+        leaf = leaf.filter(pl.col("id").ne_missing(pl.col("id").shift(1)))
+        runs = stacks["sample_id"].rle().struct.unnest()
+        frames = runs.select(id="value", n_frames="len")
+    else:
+        leaf = leaf.unique("id", keep="first", maintain_order=True)
+        frames = stacks.group_by("sample_id").len("n_frames").rename({"sample_id": "id"})
+    return leaf, frames
+
+
 def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
     if not adapter.has(SAMPLES_TABLE):
         return None
@@ -94,10 +111,7 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
               else build_cpu_stacks(adapter))
     if stacks is None:
         stacks = schemas.empty(schemas.CPU_STACKS)
-    leaf = stacks.filter(pl.col("depth") == 0).select(
-        pl.col("sample_id").alias("id"), leaf_symbol="symbol", leaf_module="module"
-    ).unique("id", keep="first", maintain_order=True)
-    frames = stacks.group_by("sample_id").len("n_frames").rename({"sample_id": "id"})
+    leaf, frames = _leaves_and_sizes(stacks)
     df = (
         state_labels(adapter, df, "threadState", "thread_state")
         .join(leaf, on="id", how="left", maintain_order="left")
