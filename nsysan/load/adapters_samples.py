@@ -13,6 +13,7 @@ leaf columns and ``n_frames`` 0. Rows without an id, time or thread are dropped 
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
@@ -32,13 +33,40 @@ def _resolve_categorical(adapter: Adapter, df: pl.DataFrame, cols: dict[str, str
     modules; a String column would copy the (long, C++-mangled) text into every row."""
     strings = adapter.strings
     for col, out in cols.items():
-        ids = df.select(pl.col(col).unique().drop_nulls().sort())
-        lookup = ids.join(strings.rename({"id": col, "value": out}), on=col, how="left")
-        at = df[col].replace_strict(lookup[col], pl.int_range(lookup.height, eager=True),
-                                    default=None, return_dtype=pl.UInt32)
+        at = _dense_codes(df[col])
+        if at is None:  # ids too sparse or negative for a dense table: hash them
+            ids = df.select(pl.col(col).unique().drop_nulls().sort())
+            at = df[col].replace_strict(ids[col], pl.int_range(ids.height, eager=True),
+                                        default=None, return_dtype=pl.UInt32)
+        else:
+            at, ids = at
+        lookup = ids.join(strings.rename({"id": col, "value": out}), on=col, how="left",
+                          maintain_order="left")
         values = lookup[out].cast(pl.Categorical)
         df = df.with_columns(values.gather(at).alias(out)).drop(col)
     return df
+
+
+def _dense_codes(ids: pl.Series) -> tuple[pl.Series, pl.DataFrame] | None:
+    """(each row's index into the sorted distinct ids, those ids as a one-column frame) through
+    a table indexed by id (StringIds keys are small non-negative integers): no hashing of
+    the 13M frames of a big call-chain table. None when the ids do not suit a dense table."""
+    if ids.is_empty():
+        return None
+    low, high = ids.min(), ids.max()
+    if low is None or low < 0 or high >= max(1 << 20, 4 * ids.len()):
+        return None
+    values = ids.fill_null(0).to_numpy()
+    present = np.zeros(high + 1, dtype=bool)
+    present[values] = True
+    if ids.null_count():  # a null id is no value (the lookup gives null)
+        present[0] = bool((values[ids.is_not_null().to_numpy()] == 0).any())
+    distinct = np.flatnonzero(present)
+    index = np.zeros(high + 1, dtype=np.uint32)
+    index[distinct] = np.arange(distinct.size, dtype=np.uint32)
+    at = pl.Series(index[values]).scatter(ids.is_null().arg_true(), None) if ids.null_count() \
+        else pl.Series(index[values])
+    return at, pl.DataFrame({ids.name: pl.Series(distinct, dtype=pl.Int64)})
 
 
 def _in_order(df: pl.DataFrame) -> bool:
