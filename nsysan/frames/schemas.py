@@ -229,8 +229,9 @@ CPU_SAMPLES = pl.Schema(
         "tid": I64,
         "cpu": I64,
         "thread_state": STR,  # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...)
-        "leaf_symbol": STR,  # stack depth 0
-        "leaf_module": STR,
+        # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
+        "leaf_symbol": pl.Categorical(),
+        "leaf_module": pl.Categorical(),
         "n_frames": I64,
     }
 )
