@@ -39,6 +39,7 @@ Regexes use the Rust ``regex`` syntax of polars; the first matching rule wins.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 TAXONOMY_VERSION = "1.0"
@@ -123,8 +124,40 @@ def layer_expr(module: pl.Expr) -> pl.Expr:
 
 def module_layers(modules: pl.Series) -> pl.DataFrame:
     """``module, layer`` for each distinct module of ``modules`` (each matched once)."""
+    # ``module`` keeps the input's dtype (String or Categorical) so that it joins back; the
+    # rules match on the text of the few distinct values only
     distinct = pl.DataFrame({"module": modules}).unique("module")
-    return distinct.with_columns(layer_expr(pl.col("module")).alias("layer"))
+    return distinct.with_columns(layer_expr(pl.col("module").cast(pl.String)).alias("layer"))
+
+
+def _in_stack_order(stacks: pl.DataFrame) -> bool:
+    """True when ``stacks`` is sorted by (sample_id, depth), as the cpu_stacks frame is."""
+    if stacks.height < 2:
+        return True
+    key = stacks.select(d_id=pl.col("sample_id").diff(), d_depth=pl.col("depth").diff()).slice(1)
+    return bool(key.select(((pl.col("d_id") > 0) | ((pl.col("d_id") == 0)
+                                                     & (pl.col("d_depth") >= 0))).all()).item())
+
+
+def _frame_layer_codes(modules: pl.Series) -> pl.Series:
+    """The `HOST_LAYERS` index (UInt8) of every frame's module; each distinct module is
+    classified once and the codes are gathered through the Categorical's physical ids (no
+    hashing of the millions of frames)."""
+    cat = modules if modules.dtype == pl.Categorical else modules.cast(pl.Categorical)
+    phys = cat.to_physical()
+    distinct = pl.DataFrame({"module": cat}).unique("module").with_columns(
+        phys=pl.col("module").to_physical(),
+        code=layer_expr(pl.col("module").cast(pl.String)).replace_strict(
+            {x: i for i, x in enumerate(HOST_LAYERS)}, return_dtype=pl.UInt8),
+    ).drop_nulls("phys")
+    unknown = HOST_LAYERS.index("unknown")
+    size = int(distinct["phys"].max() or 0) + 1
+    table = np.full(size, unknown, dtype=np.uint8)
+    table[distinct["phys"].to_numpy()] = distinct["code"].to_numpy()
+    codes = np.full(cat.len(), unknown, dtype=np.uint8)
+    valid = phys.is_not_null().to_numpy()
+    codes[valid] = table[phys.filter(phys.is_not_null()).to_numpy()]
+    return pl.Series("code", codes)
 
 
 def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
@@ -133,25 +166,31 @@ def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
     if stacks.is_empty():
         return pl.DataFrame(schema={"sample_id": pl.Int64, "leaf_layer": pl.String,
                                     "layer": pl.String})
-    # Each distinct module is classified once; only OS leaves need their callers' frames.
-    layers = module_layers(stacks["module"])
-    leaf = (stacks.filter(pl.col("depth") == 0).select("sample_id", "module")
-            .unique("sample_id", keep="first", maintain_order=True)
-            .join(layers, on="module", how="left", nulls_equal=True)
-            .select("sample_id", leaf_layer=pl.col("layer").fill_null("unknown")))
-    os_ids = leaf.filter(pl.col("leaf_layer") == "os").select("sample_id")
-    callers = (
-        stacks.filter(pl.col("depth") > 0).select("sample_id", "depth", "module")
-        .join(os_ids, on="sample_id", how="semi")
-        .join(layers.filter(~pl.col("layer").is_in(["os", "unknown"])), on="module")
-        .sort("sample_id", "depth")
-        .group_by("sample_id", maintain_order=True).first()
-        .select("sample_id", caller_layer="layer")
+    frames = stacks.select("sample_id", "depth").with_columns(
+        _frame_layer_codes(stacks["module"]))
+    if not _in_stack_order(frames):
+        frames = frames.sort("sample_id", "depth", maintain_order=True)
+    os_code, unknown = HOST_LAYERS.index("os"), HOST_LAYERS.index("unknown")
+    # in (sample_id, depth) order a sample's first depth-0 frame follows another sample's
+    leaf = (frames.filter(pl.col("depth") == 0).select("sample_id", leaf_code="code")
+            .filter(pl.col("sample_id").ne_missing(pl.col("sample_id").shift(1))))
+    # the nearest caller with a known, non-OS layer: the first such frame of each sample in
+    # (sample_id, depth) order; computed for all samples (a filter and a shift on integer
+    # columns), used for the OS leaves only
+    known = frames.filter((pl.col("depth") > 0) & (pl.col("code") != os_code)
+                          & (pl.col("code") != unknown)).select("sample_id", "code")
+    callers = known.filter(
+        pl.col("sample_id").ne_missing(pl.col("sample_id").shift(1))
+    ).select("sample_id", caller_code="code")
+    out = leaf.join(callers, on="sample_id", how="left", maintain_order="left").select(
+        "sample_id", "leaf_code",
+        code=pl.when(pl.col("leaf_code") == os_code)
+        .then(pl.coalesce("caller_code", pl.lit(os_code, dtype=pl.UInt8)))
+        .otherwise("leaf_code"),
     )
-    out = leaf.join(callers, on="sample_id", how="left")
-    return out.select(
-        "sample_id", "leaf_layer",
-        layer=pl.when(pl.col("leaf_layer") == "os")
-        .then(pl.coalesce("caller_layer", pl.lit("os")))
-        .otherwise("leaf_layer"),
-    ).sort("sample_id")
+    names = pl.Series(HOST_LAYERS, dtype=pl.String)
+    return pl.DataFrame({
+        "sample_id": out["sample_id"],
+        "leaf_layer": names.gather(out["leaf_code"]),
+        "layer": names.gather(out["code"]),
+    })  # in sample_id order: the leaves were

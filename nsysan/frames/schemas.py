@@ -229,8 +229,9 @@ CPU_SAMPLES = pl.Schema(
         "tid": I64,
         "cpu": I64,
         "thread_state": STR,  # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...)
-        "leaf_symbol": STR,  # stack depth 0
-        "leaf_module": STR,
+        # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
+        "leaf_symbol": pl.Categorical(),
+        "leaf_module": pl.Categorical(),
         "n_frames": I64,
     }
 )
@@ -239,8 +240,9 @@ CPU_STACKS = pl.Schema(
         "trace_id": STR,
         "sample_id": I64,
         "depth": I64,  # 0 = leaf
-        "symbol": STR,
-        "module": STR,
+        # Categorical: ~10 frames per sample share a few thousand symbols, a few hundred modules
+        "symbol": pl.Categorical(),
+        "module": pl.Categorical(),
         "kernel_mode": BOOL,
     }
 )

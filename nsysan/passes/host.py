@@ -106,36 +106,54 @@ def _thread_names(trace: Trace) -> pl.DataFrame:
     return trace.frame("threads").select("global_tid", "name")
 
 
-def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
-    """``samples`` (cpu_samples) with ``layer`` (see the module docstring)."""
-    stacks = trace.frame("cpu_stacks").select("sample_id", "depth", "module")
-    layered = samples.join(ht.sample_layers(stacks), on="sample_id", how="left",
-                           maintain_order="left")
-    layered = layered.with_columns(pl.col("layer").fill_null("unknown"))  # no call chain
+def _in_cuda_call(trace: Trace, os_samples: pl.DataFrame) -> pl.Series:
+    """For each row of ``os_samples`` (``global_tid, time_ns``): was its thread inside a CUDA
+    API call at that time? Only the threads of these samples are looked at."""
     api = trace.frame("cuda_api")
-    if not api.is_empty():
-        # time-covered by a CUDA call of the same thread: running max of call ends, per thread
-        calls = (api.select("global_tid", "start_ns", "end_ns")
-                 .sort("global_tid", "start_ns")
-                 .with_columns(pl.col("end_ns").cum_max().over("global_tid").alias("_until"))
-                 # calls starting at one instant: the furthest reach, whatever their order
-                 .group_by("global_tid", "start_ns").agg(pl.col("_until").max())
-                 .select("global_tid", pl.col("start_ns").alias("time_ns"), "_until"))
-        layered = (
-            layered.sort("time_ns")
-            .join_asof(calls.sort("time_ns"), on="time_ns", by="global_tid",
-                       strategy="backward", check_sortedness=False)
-            .with_columns(
-                pl.when((pl.col("layer") == "os") & (pl.col("_until") > pl.col("time_ns")))
-                .then(pl.lit("runtime_driver")).otherwise(pl.col("layer")).alias("layer"))
-            .drop("_until")
-        )
+    if api.is_empty() or os_samples.is_empty():
+        return pl.Series("in_call", [False] * os_samples.height, dtype=pl.Boolean)
+    threads = os_samples.select("global_tid").unique()
+    # time-covered by a CUDA call of the same thread: running max of call ends, per thread
+    calls = (api.select("global_tid", "start_ns", "end_ns")
+             .join(threads, on="global_tid", how="semi")
+             .sort("global_tid", "start_ns")
+             .with_columns(pl.col("end_ns").cum_max().over("global_tid").alias("_until"))
+             # calls starting at one instant: the furthest reach, whatever their order
+             .group_by("global_tid", "start_ns").agg(pl.col("_until").max())
+             .select("global_tid", pl.col("start_ns").alias("time_ns"), "_until"))
+    covered = (
+        os_samples.select("global_tid", "time_ns").with_row_index("_row").sort("time_ns")
+        .join_asof(calls.sort("time_ns"), on="time_ns", by="global_tid",
+                   strategy="backward", check_sortedness=False)
+        .sort("_row")
+    )
+    return (covered["_until"] > covered["time_ns"]).fill_null(False).alias("in_call")
+
+
+def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
+    """``samples`` (cpu_samples, in its order) with ``layer`` (see the module docstring)."""
+    stacks = trace.frame("cpu_stacks").select("sample_id", "depth", "module")
+    layers = ht.sample_layers(stacks).select("sample_id", "layer")
+    layer = (samples.select("sample_id")
+             .join(layers, on="sample_id", how="left", maintain_order="left")["layer"]
+             .fill_null("unknown"))  # no call chain
+    # the narrow columns the rules need; the wide sample rows are sorted once, at the end
+    keyed = samples.select("global_tid", "time_ns").with_columns(layer)
+    is_os = keyed["layer"] == "os"
+    in_call = _in_cuda_call(trace, keyed.filter(is_os))
+    driver_wait = pl.Series([False] * keyed.height, dtype=pl.Boolean).scatter(
+        is_os.arg_true(), in_call)
     names = _thread_names(trace)
-    layered = layered.join(names, on="global_tid", how="left").with_columns(
-        pl.when(pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))
-        .then(pl.lit("profiler")).otherwise(pl.col("layer")).alias("layer")
-    ).drop("name")
-    return layered.sort("global_tid", "time_ns", "sample_id")
+    profiler_tids = names.filter(
+        pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))["global_tid"]
+    layer = (keyed.select(
+        pl.when(pl.col("global_tid").is_in(profiler_tids.implode())).then(pl.lit("profiler"))
+        .when(driver_wait).then(pl.lit("runtime_driver"))
+        .otherwise(pl.col("layer")).alias("layer"))["layer"])
+    # cpu_samples' order (time, thread, id): every consumer aggregates, or needs only each
+    # thread's samples in time order, which it already is; sorting the wide rows (long
+    # symbol text) again cost more than the rules
+    return samples.with_columns(layer)
 
 
 def sampling_period(samples: pl.DataFrame) -> tuple[int | None, pl.DataFrame]:

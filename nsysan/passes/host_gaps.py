@@ -107,6 +107,8 @@ def _sample_counts(pairs: pl.DataFrame, samples: pl.DataFrame, top: int) -> pl.D
         .join_asof(gaps, left_on="time_ns", right_on="gap_start_ns", by="device_id",
                    strategy="backward", check_sortedness=False)
         .filter(pl.col("time_ns") < pl.col("gap_end_ns"))
+        # text for the few samples inside gaps (cpu_samples holds Categoricals)
+        .with_columns(pl.col("leaf_symbol", "leaf_module").cast(pl.String))
     )
     counts = inside.group_by(keys).agg(
         n_samples=pl.len().cast(I64),
