@@ -101,6 +101,8 @@ def test_repeated_runs_give_identical_outputs(spec: str, request: pytest.Fixture
 # row-shuffled exports
 # ---------------------------------------------------------------------------------------------
 FIXTURE_SQLITE = sorted(p.name for p in FIXTURES.glob("*.sqlite"))
+#: recorded without a GPU: no CUDA activity to analyse (their frames are checked instead)
+CPU_ONLY_FIXTURES = ("cpu_host_sampling.sqlite", "cpu_nvtx_osrt.sqlite")
 
 
 def _rowids_changed(a: Path, b: Path, table: str) -> bool:
@@ -148,23 +150,29 @@ def _check_shuffled(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert_same_outputs(out_a, out_b, f"{src.name} shuffled (seed {seed})")
 
 
-@pytest.mark.parametrize("name", [n for n in FIXTURE_SQLITE if n != "cpu_nvtx_osrt.sqlite"])
+@pytest.mark.parametrize("name", [n for n in FIXTURE_SQLITE if n not in CPU_ONLY_FIXTURES])
 def test_shuffled_fixture_gives_identical_outputs(name: str, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     for seed in (1, 2):
         _check_shuffled(FIXTURES / name, tmp_path / f"s{seed}", monkeypatch, seed)
 
 
-def test_shuffled_cpu_only_fixture_gives_identical_frames(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", CPU_ONLY_FIXTURES)
+def test_shuffled_cpu_only_fixture_gives_identical_frames(name: str, tmp_path: Path) -> None:
     # no CUDA activity: nothing to analyse, but its frames must not depend on row order
-    src = FIXTURES / "cpu_nvtx_osrt.sqlite"
+    src = FIXTURES / name
     shuf = tmp_path / src.name
     assert shuffled_copy(src, shuf, seed=3)
     a, b = open_trace(src).load_all(), open_trace(shuf).load_all()
-    assert not a.nvtx.is_empty() and not a.osrt.is_empty()
-    for frame in schemas.CANONICAL:
-        if frame != "meta":
-            _same_frame(a.frame(frame), b.frame(frame), frame)
+    assert not a.nvtx.is_empty()
+    frames = [f for f in schemas.CANONICAL if f != "meta"]
+    if name == "cpu_host_sampling.sqlite":  # real CPU sampling and context switches
+        frames += list(schemas.HOST_EVIDENCE)
+        assert not a.frame("sched").is_empty() and not a.frame("cpu_samples").is_empty()
+    else:
+        assert not a.osrt.is_empty()
+    for frame in frames:
+        _same_frame(a.frame(frame), b.frame(frame), frame)
 
 
 @pytest.mark.shared

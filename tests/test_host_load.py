@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import NO_SHARED, shared_sqlite_files
+from conftest import NO_SHARED, REPO_ROOT, shared_sqlite_files
 
 from nsysan.frames import host_taxonomy as ht
 from nsysan.load import open_trace
@@ -238,3 +238,59 @@ def test_sample_layers_do_not_depend_on_frame_order() -> None:
     shuffled = stacks[[6, 3, 0, 5, 2, 4, 1]]
     assert ht.sample_layers(shuffled).rows() == want
     assert ht.sample_layers(stacks.with_columns(pl.col("module").cast(pl.String))).rows() == want
+
+
+# ---------------------------------------------------------------------------------------------
+# The project's own recorded fixture (fixtures/cpu_host_sampling.sqlite, fixtures/README.md):
+# real CPU sampling and context switches of a known program, so the truth is the program's
+# design, and the numbers are checked against brute force over its raw rows
+# ---------------------------------------------------------------------------------------------
+RECORDED = REPO_ROOT / "fixtures" / "cpu_host_sampling.sqlite"
+
+
+def test_recorded_fixture_frames_equal_brute_force() -> None:
+    trace = open_trace(RECORDED, frame_cache=False)
+    sched = trace.frame("sched")
+    got = sched.group_by("global_tid").agg(
+        on=(pl.col("end_ns") - pl.col("start_ns")).sum(),
+        ins=(~pl.col("open_start")).sum(),
+    )
+    assert {g: (on, ins) for g, on, ins in got.iter_rows()} == _raw_sched(RECORDED)
+    samples = trace.frame("cpu_samples")
+    got_samples = Counter({(g, m): n for g, m, n in
+                           samples.group_by("global_tid", "leaf_module").len().iter_rows()})
+    con = sqlite3.connect(f"file:{RECORDED}?mode=ro", uri=True)
+    raw = Counter({(g, m): n for g, m, n in con.execute(
+        "SELECT e.globalTid, s.value, count(*) FROM COMPOSITE_EVENTS e "
+        "LEFT JOIN SAMPLING_CALLCHAINS c ON c.id = e.id AND c.stackDepth = 0 "
+        "LEFT JOIN StringIds s ON s.id = c.module GROUP BY 1, 2")})
+    frames = con.execute("SELECT count(*) FROM SAMPLING_CALLCHAINS").fetchone()[0]
+    con.close()
+    assert got_samples == raw and sum(raw.values()) == 294
+    assert trace.frame("cpu_stacks").height == frames == 1853
+
+
+def test_recorded_fixture_host_threads_match_the_program() -> None:
+    """The program (fixtures/record/host_cpu.c): main and three spinners spin for 150 ms at
+    once on a 2-CPU machine, a sleeper naps 20 x 5 ms, nsys adds its own threads."""
+    from nsysan.passes import registry
+    from nsysan.passes.schedule import run_passes
+
+    trace = open_trace(RECORDED, frame_cache=False)
+    chosen = registry.resolve(["host"])
+    results, _ = run_passes(chosen, trace, registry.build_params(chosen, None))
+    threads = {r["name"]: r for r in results["host"].tables["host_threads"].iter_rows(named=True)}
+    busy = ["main", "spinner 0", "spinner 1", "spinner 2"]
+    assert set(busy) | {"sleeper", "[NSys]", "[NSys Comms]"} <= set(threads)
+    for name in busy:  # sampled every ~1 ms while on-CPU; the program's own binary is not in
+        t = threads[name]  # the taxonomy, so its samples stay "unknown" (never guessed)
+        assert t["n_samples"] >= 50 and t["top_layer"] == "unknown", t
+        assert 1_000_000 - 10_000 < t["sampling_period_ns"] < 1_000_000 + 10_000
+    # four threads wanting the CPU for 150 ms on 2 CPUs: together at most 2 CPUs' worth of
+    # their shared window, each descheduled while runnable for part of it
+    window = max(threads[n]["window_ns"] for n in busy)
+    assert sum(threads[n]["on_cpu_ns"] for n in busy) <= 2 * window
+    assert all(threads[n]["off_cpu_ns"] > 0.2 * threads[n]["window_ns"] for n in busy)
+    sleeper = threads["sleeper"]  # blocked in nanosleep nearly all of its life
+    assert sleeper["on_cpu_ns"] < 0.05 * sleeper["window_ns"] and sleeper["n_switches"] >= 20
+    assert threads["[NSys]"]["role"] == threads["[NSys Comms]"]["role"] == "profiler"

@@ -519,6 +519,24 @@ def test_recorded_cpu_fixture_is_what_the_readme_says():
     assert "CUPTI_ACTIVITY_KIND_KERNEL" not in tables(db)  # CPU only: lazy export, no CUDA tables
 
 
+def test_recorded_host_fixture_is_what_the_readme_says():
+    rep, db = FIXTURES / "cpu_host_sampling.nsys-rep", FIXTURES / "cpu_host_sampling.sqlite"
+    assert rep.stat().st_size < 1 << 20 and db.stat().st_size < 1 << 20
+    meta = dict(rows(db, "SELECT name, value FROM EXPORT_META_DATA"))
+    assert meta["EXPORT_PRODUCT_VERSION"] == "2022.4.2.1"
+    counts = [rows(db, f"SELECT count(*) FROM {t}")[0][0]
+              for t in ("SCHED_EVENTS", "COMPOSITE_EVENTS", "SAMPLING_CALLCHAINS")]
+    assert counts == [376, 294, 1853]
+    assert rows(db, "SELECT count(DISTINCT cpu) FROM SCHED_EVENTS") == [(2,)]
+    names = sorted(n for (n,) in rows(
+        db, "SELECT s.value FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId"))
+    assert names == ["[NSys Comms]", "[NSys]", "main", "sleeper", "spinner 0", "spinner 1",
+                     "spinner 2"]
+    assert sorted(rows(db, "SELECT text FROM NVTX_EVENTS WHERE eventType = 59")) == [
+        ("compute",), ("sleep",)]
+    assert "CUPTI_ACTIVITY_KIND_KERNEL" not in tables(db)
+
+
 def test_synthetic_examples_are_up_to_date():
     spec = importlib.util.spec_from_file_location("make_synthetic", FIXTURES / "make_synthetic.py")
     assert spec and spec.loader
