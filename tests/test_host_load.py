@@ -190,13 +190,16 @@ def test_sched_equals_brute_force(shared_traces: Path, name: str) -> None:
     assert {g: (on, ins) for g, on, ins in got.iter_rows()} == _raw_sched(path)
 
 
-@pytest.mark.parametrize("name", _with_table("COMPOSITE_EVENTS"))
-def test_samples_equal_brute_force(shared_traces: Path, name: str) -> None:
-    path = shared_traces / name
-    trace = open_trace(path, frame_cache=False)
+def _leaf_modules(trace) -> Counter:
+    """Samples per (thread, leaf module) in the ``cpu_samples`` frame."""
     samples = trace.frame("cpu_samples")
-    got = Counter({(g, m): n for g, m, n in
-                   samples.group_by("global_tid", "leaf_module").len().iter_rows()})
+    return Counter({(g, m): n for g, m, n in
+                    samples.group_by("global_tid", "leaf_module").len().iter_rows()})
+
+
+def _raw_leaf_modules(path: Path) -> tuple[Counter, int]:
+    """Brute force: samples per (thread, leaf module) in SQL over the raw rows, and the number
+    of stack frames."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     raw = Counter({(g, m): n for g, m, n in con.execute(
         "SELECT e.globalTid, s.value, count(*) FROM COMPOSITE_EVENTS e "
@@ -204,7 +207,15 @@ def test_samples_equal_brute_force(shared_traces: Path, name: str) -> None:
         "LEFT JOIN StringIds s ON s.id = c.module GROUP BY 1, 2")})
     frames = con.execute("SELECT count(*) FROM SAMPLING_CALLCHAINS").fetchone()[0]
     con.close()
-    assert got == raw
+    return raw, frames
+
+
+@pytest.mark.parametrize("name", _with_table("COMPOSITE_EVENTS"))
+def test_samples_equal_brute_force(shared_traces: Path, name: str) -> None:
+    path = shared_traces / name
+    trace = open_trace(path, frame_cache=False)
+    raw, frames = _raw_leaf_modules(path)
+    assert _leaf_modules(trace) == raw
     assert trace.frame("cpu_stacks").height == frames
 
 
@@ -256,17 +267,8 @@ def test_recorded_fixture_frames_equal_brute_force() -> None:
         ins=(~pl.col("open_start")).sum(),
     )
     assert {g: (on, ins) for g, on, ins in got.iter_rows()} == _raw_sched(RECORDED)
-    samples = trace.frame("cpu_samples")
-    got_samples = Counter({(g, m): n for g, m, n in
-                           samples.group_by("global_tid", "leaf_module").len().iter_rows()})
-    con = sqlite3.connect(f"file:{RECORDED}?mode=ro", uri=True)
-    raw = Counter({(g, m): n for g, m, n in con.execute(
-        "SELECT e.globalTid, s.value, count(*) FROM COMPOSITE_EVENTS e "
-        "LEFT JOIN SAMPLING_CALLCHAINS c ON c.id = e.id AND c.stackDepth = 0 "
-        "LEFT JOIN StringIds s ON s.id = c.module GROUP BY 1, 2")})
-    frames = con.execute("SELECT count(*) FROM SAMPLING_CALLCHAINS").fetchone()[0]
-    con.close()
-    assert got_samples == raw and sum(raw.values()) == 294
+    raw, frames = _raw_leaf_modules(RECORDED)
+    assert _leaf_modules(trace) == raw and sum(raw.values()) == 294
     assert trace.frame("cpu_stacks").height == frames == 1853
 
 
