@@ -44,11 +44,11 @@ def test_planted_frames(tmp_path: Path) -> None:
         (main, 2, 1_000, 5_000), (main, 3, 7_000, 9_000), (worker, 1, 2_000, 8_000)]
     assert not sched["open_start"].any() and not sched["open_end"].any()
     samples = trace.frame("cpu_samples")
-    assert samples.select("time_ns", "global_tid", "leaf_symbol", "leaf_module", "n_frames",
-                          "thread_state").rows() == [
-        (2_000, main, "clock_gettime", VDSO, 2, "running"),
-        (3_000, main, "PyEval_EvalFrame", PYTHON, 1, "running"),
-        (4_000, worker, "memcpy", LIBC, 1, "running"),
+    assert samples.select("time_ns", "global_tid", "leaf_symbol", "leaf_module",
+                          "stack_layer", "thread_state").rows() == [
+        (2_000, main, "clock_gettime", VDSO, "runtime_driver", "running"),
+        (3_000, main, "PyEval_EvalFrame", PYTHON, "framework", "running"),
+        (4_000, worker, "memcpy", LIBC, "os", "running"),
     ]
     stacks = trace.frame("cpu_stacks")
     assert stacks.height == 4 and stacks.filter(pl.col("depth") == 1)["module"].to_list() == [

@@ -139,7 +139,7 @@ def _in_stack_order(stacks: pl.DataFrame) -> bool:
                                                      & (pl.col("d_depth") >= 0))).all()).item())
 
 
-def _frame_layer_codes(modules: pl.Series) -> pl.Series:
+def frame_layer_codes(modules: pl.Series) -> pl.Series:
     """The `HOST_LAYERS` index (UInt8) of every frame's module; each distinct module is
     classified once and the codes are gathered through the Categorical's physical ids (no
     hashing of the millions of frames)."""
@@ -167,7 +167,7 @@ def sample_layers(stacks: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema={"sample_id": pl.Int64, "leaf_layer": pl.String,
                                     "layer": pl.String})
     frames = stacks.select("sample_id", "depth").with_columns(
-        _frame_layer_codes(stacks["module"]))
+        frame_layer_codes(stacks["module"]))
     if not _in_stack_order(frames):
         frames = frames.sort("sample_id", "depth", maintain_order=True)
     os_code, unknown = HOST_LAYERS.index("os"), HOST_LAYERS.index("unknown")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.frames.host_taxonomy import HOST_LAYERS
+
 # The communication tables live in their own module; they are part of this one's namespace.
 from nsysan.frames.schemas_comm import COLLECTIVES, NCCL, NCCL_SUMMARY, RANKS
 from nsysan.frames.schemas_comm import NCCL_OPS as NCCL_OPS
@@ -232,7 +234,9 @@ CPU_SAMPLES = pl.Schema(
         # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
         "leaf_symbol": pl.Categorical(),
         "leaf_module": pl.Categorical(),
-        "n_frames": I64,
+        # the host layer of the call stack (`host_taxonomy`: the leaf module's, an OS leaf
+        # its nearest known caller's); null without a call chain
+        "stack_layer": pl.Enum(HOST_LAYERS),
     }
 )
 CPU_STACKS = pl.Schema(

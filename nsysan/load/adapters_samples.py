@@ -5,10 +5,11 @@ nsys' CPU IP/backtrace sampling (``--sample=cpu``) writes ``COMPOSITE_EVENTS(id,
 threadState, globalTid, cpuCycles)`` and ``SAMPLING_CALLCHAINS(id, symbol, module,
 kernelMode, ..., stackDepth)`` with depth 0 the leaf; ``symbol`` and ``module`` are StringIds
 keys. Every schema from 2.9 to 3.25 has these columns; ``threadState`` and ``kernelMode`` are
-read where present (null otherwise). ``cpu_samples`` takes its leaf frame from
-``cpu_stacks`` (the call-chain table is read once); a sample without a call chain has null
-leaf columns and ``n_frames`` 0. Rows without an id, time or thread are dropped (counted as
-``missing_timestamp``).
+read where present (null otherwise). ``cpu_samples`` takes its leaf frame and its stack
+layer from `nsysan.load.adapters_stacks.stack_summary`, which reads only the call-chain rows
+that decide them (the ``cpu_stacks`` frame is built only when asked for: a notebook's
+question, no pass needs it); a sample without a call chain has null leaf columns and stack
+layer. Rows without an id, time or thread are dropped (counted as ``missing_timestamp``).
 """
 
 from __future__ import annotations
@@ -106,23 +107,6 @@ def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
     return adapter.finish(df, schemas.CPU_STACKS)
 
 
-def _leaves_and_sizes(stacks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(``id, leaf_symbol, leaf_module``: the first depth-0 frame of each sample,
-    ``id, n_frames``) of ``stacks``. The cpu_stacks frame is sorted by (sample_id, depth):
-    then both come from comparisons with the previous row and run lengths, without hashing
-    millions of frames; any other order takes the group-by."""
-    leaf = stacks.filter(pl.col("depth") == 0).select(
-        pl.col("sample_id").alias("id"), leaf_symbol="symbol", leaf_module="module")
-    if stacks["sample_id"].is_sorted():
-        leaf = leaf.filter(pl.col("id").ne_missing(pl.col("id").shift(1)))
-        runs = stacks["sample_id"].rle().struct.unnest()
-        frames = runs.select(id="value", n_frames="len")
-    else:
-        leaf = leaf.unique("id", keep="first", maintain_order=True)
-        frames = stacks.group_by("sample_id").len("n_frames").rename({"sample_id": "id"})
-    return leaf, frames
-
-
 def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
     if not adapter.has(SAMPLES_TABLE):
         return None
@@ -135,16 +119,10 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
     if dropped:
         quality.add("missing_timestamp", dropped)
         df = df.filter(valid)
-    stacks = (adapter.frame("cpu_stacks") if adapter.frame is not None
-              else build_cpu_stacks(adapter))
-    if stacks is None:
-        stacks = schemas.empty(schemas.CPU_STACKS)
-    leaf, frames = _leaves_and_sizes(stacks)
-    df = (
-        state_labels(adapter, df, "threadState", "thread_state")
-        .join(leaf, on="id", how="left", maintain_order="left")
-        .join(frames, on="id", how="left", maintain_order="left")
-    )
+    from nsysan.load.adapters_stacks import stack_summary
+
+    df = state_labels(adapter, df, "threadState", "thread_state").join(
+        stack_summary(adapter), on="id", how="left", maintain_order="left")
     df = df.select(
         sample_id="id",
         time_ns="start",
@@ -155,7 +133,7 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
         thread_state=pl.when(pl.col("threadState").is_not_null()).then(pl.col("thread_state")),
         leaf_symbol="leaf_symbol",
         leaf_module="leaf_module",
-        n_frames=pl.col("n_frames").cast(pl.Int64).fill_null(0),
+        stack_layer="stack_layer",
     )
     return adapter.finish(content_sort(df, ["time_ns", "global_tid", "sample_id"]),
                           schemas.CPU_SAMPLES)

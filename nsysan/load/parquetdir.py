@@ -33,6 +33,7 @@ import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.load.quality import text_limit, truncate_text
+from nsysan.load.source import Cond, RowFilter
 from nsysan.load.sqlite import NSYS_MARKER_TABLES
 
 FORMAT = "parquetdir"
@@ -225,6 +226,37 @@ class ParquetDirSource:
             else:
                 issues.pop(c, None)
         return df
+
+    def read_where(self, table: str, columns: list[str], where: RowFilter) -> pl.DataFrame:
+        """The given integer columns of the rows of ``table`` that match ``where``
+        (`nsysan.load.source.FilteredSource`): a filter on the lazy scan, which reads only
+        these columns."""
+
+        def cond(c: Cond) -> pl.Expr:
+            col = pl.col(c.column)
+            if c.op == "is_null":
+                return col.is_null()
+            if c.op == "in":
+                return col.is_in(pl.Series(list(c.value), dtype=pl.Int64).implode())
+            return col == c.value if c.op == "==" else col > c.value
+
+        match = pl.any_horizontal(pl.all_horizontal(cond(c) for c in alt) for alt in where) \
+            if where else pl.lit(False)
+        lf = self.scan(table, columns).filter(match)
+        try:
+            df = lf.collect()
+        except pl.exceptions.PolarsError as exc:
+            raise self._corrupt(table, exc, f" while reading {table}") from None
+        wrong = [c for c, dt in df.schema.items() if dt not in (pl.Int64, pl.Null)]
+        if wrong:
+            raise SchemaError(f"table {table} in {self.path}: no integer column "
+                              f"{', '.join(wrong)}")
+        return df.cast(dict.fromkeys(columns, pl.Int64()))
+
+    def not_null(self, table: str) -> set[str]:
+        """None: a Parquet field may be declared required, but nsys' files are not relied on
+        for that (a NULL check is cheap in a Parquet scan)."""
+        return set()
 
     def issues(self, table: str) -> dict[str, dict[str, int]]:
         """Values of ``table`` its reads cut to `quality.text_limit` (per column: ``truncated``);

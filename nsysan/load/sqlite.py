@@ -28,11 +28,13 @@ import stat
 import threading
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
+from nsysan.load.source import Cond, RowFilter
 
 FORMAT = "sqlite"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -42,6 +44,12 @@ CHUNK_ROWS = 1 << 16
 #: tables with at least this many rows are read by `SqliteSource._read_bulk` (module attribute so
 #: that tests can lower it); below it, importing pyarrow costs more than reading in parallel gains
 BULK_MIN_ROWS = 100_000
+#: values of an ``in`` condition per SQL statement (`SqliteSource.read_where`)
+IN_CHUNK = 50_000
+#: filtered reads of tables this big go through pyarrow's reader (GIL released, as
+#: `BULK_MIN_ROWS` for whole tables); they return a fraction of the table, so below this the
+#: pyarrow import (~0.05 s) costs more than parallel reading gains
+FILTERED_ARROW_MIN_ROWS = 1_000_000
 #: every nsys export has StringIds plus at least one of these (2020.3 exports lack the metadata
 #: tables, lazy exports lack most activity tables, so any one of them is enough)
 NSYS_MARKER_TABLES = (
@@ -259,6 +267,66 @@ class SqliteSource:
                 issues.get(c, {}).pop("truncated", None)
         return df
 
+    def not_null(self, table: str) -> set[str]:
+        """The columns of ``table`` declared NOT NULL (SQLite enforces the constraint)."""
+        if table not in self._names:
+            return set()
+        return {r[1] for r in self._execute(f"PRAGMA table_info({_quote(table)})") if r[3]}
+
+    def read_where(self, table: str, columns: list[str], where: RowFilter) -> pl.DataFrame:
+        """The given INTEGER columns of the rows of ``table`` that match ``where``
+        (`nsysan.load.source.FilteredSource`). The filter runs in SQLite, so only matching
+        rows cross into Arrow; a long ``in`` list is sent in chunks of `IN_CHUNK` values. A
+        value of another type than INTEGER makes the ADBC read fail; the row path then reads
+        these rows (such values as NULL) and counts them per column over the whole table
+        (`issues`), which tells the caller to read the table whole."""
+        declared = dict(self._declared(table))
+        wrong = [c for c in columns if _dtype(declared.get(c, "")) != pl.Int64()]
+        if not declared or wrong:
+            raise SchemaError(f"table {table} in {self.path}: no INTEGER column "
+                              f"{', '.join(wrong or columns)}")
+        dtypes: dict[str, pl.DataType | None] = dict.fromkeys(columns, pl.Int64())
+        source = _quote(table)
+        select = ", ".join(_quote(c) for c in columns)
+        parts = []
+        for condition in _where_sql(where):
+            sql = f"SELECT {select} FROM {source} WHERE {condition}"
+            df = self._read_query(table, sql, columns)
+            if df is None:
+                df = self._read_rows(table, columns, dtypes, where=f"{source} WHERE {condition}")
+            parts.append(df)
+        if not parts:
+            return pl.DataFrame(schema=dict.fromkeys(columns, pl.Int64()))
+        return parts[0] if len(parts) == 1 else pl.concat(parts)
+
+    def _read_query(self, table: str, sql: str, columns: list[str]) -> pl.DataFrame | None:
+        """``sql`` (integer columns only) through ADBC, or None when ADBC is off or fails (a
+        value of another type: "Type mismatch"). On a table of `FILTERED_ARROW_MIN_ROWS` rows
+        or more through pyarrow's reader, which releases the GIL (see `_read_bulk`)."""
+        if os.environ.get("NSYSAN_NO_ADBC"):
+            return None
+        try:
+            import adbc_driver_sqlite
+            from adbc_driver_manager import AdbcConnection, AdbcStatement
+
+            with adbc_driver_sqlite.connect(_file_uri(self.path, self._immutable)) as db, \
+                    AdbcConnection(db) as con, AdbcStatement(con) as stmt:
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
+                stmt.set_sql_query(sql)
+                stream, _ = stmt.execute_query()
+                if self.tables().get(table, 0) >= FILTERED_ARROW_MIN_ROWS:
+                    import pyarrow as pa
+
+                    df = pl.from_arrow(pa.RecordBatchReader.from_stream(stream).read_all())
+                else:
+                    df = pl.DataFrame(stream)
+        except Exception:  # any driver failure means: take the row path
+            return None
+        if not isinstance(df, pl.DataFrame) or df.columns != columns or any(
+                dt not in (pl.Int64, pl.Null) for dt in df.dtypes):
+            return None
+        return df.cast(dict.fromkeys(columns, pl.Int64()))
+
     def read_blobs(self, table: str, column: str, max_bytes: int) -> pl.Series:
         """``column`` of ``table`` as raw bytes (Binary), in row (rowid) order, as `read`
         returns rows: nsys declares ``NVTX_EVENTS.binaryData`` TEXT but stores blobs, which
@@ -320,13 +388,15 @@ class SqliteSource:
         self._set_nulled(table, dict(zip(columns, counts, strict=True)))
 
     def _read_rows(
-        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None],
+        where: str = "",
     ) -> pl.DataFrame:
-        """The row path: stdlib cursor, one typed Series per column and chunk."""
+        """The row path: stdlib cursor, one typed Series per column and chunk (``where``:
+        what follows ``FROM`` instead of the table, for `read_where`)."""
         select = ", ".join(
             f"{bounded_sql(table, _quote(c), dtypes[c])} AS {_quote(c)}" for c in columns
         )
-        sql = f"SELECT {select} FROM {_quote(table)}"
+        sql = f"SELECT {select} FROM {where or _quote(table)}"
         with self._lock:
             try:
                 self._count_nulled(table, columns, dtypes)
@@ -480,6 +550,27 @@ class SqliteSource:
             for handle in reversed(self._adbc):
                 handle.close()
             self._adbc = False
+
+
+def _where_sql(where: RowFilter) -> list[str]:
+    """``where`` as SQL conditions, one per chunk of its longest ``in`` list (none when an
+    ``in`` list is empty in every alternative: nothing can match)."""
+    longest = max((c for alt in where for c in alt if c.op == "in"),
+                  key=lambda c: len(c.value), default=None)
+    chunks = ([longest.value[i:i + IN_CHUNK] for i in range(0, len(longest.value), IN_CHUNK)]
+              if longest is not None and len(longest.value) > IN_CHUNK else [None])
+
+    def cond(c: Cond, values: Any) -> str:
+        col = _quote(c.column)
+        if c.op == "is_null":
+            return f"{col} IS NULL"
+        if c.op == "in":
+            listed = c.value if values is None or c is not longest else values
+            return f"{col} IN ({', '.join(str(int(v)) for v in listed)})" if listed else "0"
+        return f"{col} {'=' if c.op == '==' else c.op} {int(c.value)}"
+
+    return [" OR ".join("(" + " AND ".join(cond(c, chunk) for c in alt) + ")"
+                        for alt in where) or "0" for chunk in chunks]
 
 
 def _decode_replacing(raw: bytes) -> str:

@@ -1,11 +1,11 @@
 """host: what the CPU threads were doing, from nsys' CPU sampling and context switches.
 
-Inputs are the optional frames ``sched``, ``cpu_samples`` and ``cpu_stacks`` (empty when the
+Inputs are the optional frames ``sched`` and ``cpu_samples`` (empty when the
 profile was recorded without ``--sample=cpu --cpuctxsw=process-tree``; every table is then
 empty with its schema and ``metrics["host_evidence"]`` says what was not captured).
 
 **Sample layers.** Each sample gets the host layer of `nsysan.frames.host_taxonomy`
-(`sample_layers`: the leaf frame's module; an OS leaf counts in its nearest known caller's
+(its ``stack_layer``: the leaf frame's module; an OS leaf counts in its nearest known caller's
 layer). One more rule, by time: an OS-layer sample taken while its thread was inside a CUDA
 API call (``cuda_api``, same thread) is a driver wait (``runtime_driver``): the driver polls
 ``clock_gettime`` in ``[vdso]`` or sleeps in the kernel, and the stack often stops there.
@@ -95,10 +95,10 @@ def captured(trace: Trace) -> tuple[bool, bool]:
 
 
 def frames_to_read(trace: Trace) -> list[str]:
-    """The host-evidence frames this trace can build (for prefetching), stacks first."""
+    """The host-evidence frames this trace can build (for prefetching), samples first (they
+    read the call stacks too)."""
     tables = trace.meta.tables
-    wanted = {"cpu_stacks": "SAMPLING_CALLCHAINS", "cpu_samples": "COMPOSITE_EVENTS",
-              "sched": "SCHED_EVENTS"}
+    wanted = {"cpu_samples": "COMPOSITE_EVENTS", "sched": "SCHED_EVENTS"}
     return [frame for frame, table in wanted.items() if tables.get(table)]
 
 
@@ -132,11 +132,8 @@ def _in_cuda_call(trace: Trace, os_samples: pl.DataFrame) -> pl.Series:
 
 def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
     """``samples`` (cpu_samples, in its order) with ``layer`` (see the module docstring)."""
-    stacks = trace.frame("cpu_stacks").select("sample_id", "depth", "module")
-    layers = ht.sample_layers(stacks).select("sample_id", "layer")
-    layer = (samples.select("sample_id")
-             .join(layers, on="sample_id", how="left", maintain_order="left")["layer"]
-             .fill_null("unknown"))  # no call chain
+    # the layer its call stack gives (`host_taxonomy`); no call chain: unknown
+    layer = samples["stack_layer"].cast(pl.String).fill_null("unknown").alias("layer")
     # the narrow columns the rules need; the wide sample rows are sorted once, at the end
     keyed = samples.select("global_tid", "time_ns").with_columns(layer)
     is_os = keyed["layer"] == "os"
