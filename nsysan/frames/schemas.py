@@ -218,7 +218,8 @@ SCHED = pl.Schema(
         "end_ns": I64,  # switch-out (or the session end when it never switched out)
         "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
         "open_end": BOOL,  # no switch-out after the last switch-in: closed at session end
-        "out_state": STR,  # thread state at the switch-out, where the export has it
+        # thread state at the switch-out, where the export has it (a few labels: Categorical)
+        "out_state": pl.Categorical(),
     }
 )
 CPU_SAMPLES = pl.Schema(
@@ -230,7 +231,8 @@ CPU_SAMPLES = pl.Schema(
         "pid": I64,
         "tid": I64,
         "cpu": I64,
-        "thread_state": STR,  # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...)
+        # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...): a few labels
+        "thread_state": pl.Categorical(),
         # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
         "leaf_symbol": pl.Categorical(),
         "leaf_module": pl.Categorical(),

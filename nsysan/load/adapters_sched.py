@@ -46,11 +46,13 @@ STATE_ENUM = "ENUM_SAMPLING_THREAD_STATE"
 
 def state_labels(adapter: Adapter, codes: pl.DataFrame, code: str, out: str) -> pl.DataFrame:
     """Add ``out`` = the snake_case label of the thread-state ``code`` column (its number as
-    text when neither the export's enum nor the built-in one knows it)."""
+    text when neither the export's enum nor the built-in one knows it), Categorical: each
+    distinct code is labelled once, the rows join the few labels."""
     labels = adapter.enum_labels(STATE_ENUM, THREAD_STATES).rename({"id": code, "label": out})
-    return codes.join(labels, on=code, how="left", maintain_order="left").with_columns(
-        pl.coalesce(out, pl.col(code).cast(pl.String)).alias(out)
-    )
+    lookup = codes.select(pl.col(code).unique().drop_nulls()).join(
+        labels, on=code, how="left").select(
+        code, pl.coalesce(out, pl.col(code).cast(pl.String)).cast(pl.Categorical).alias(out))
+    return codes.join(lookup, on=code, how="left", maintain_order="left")
 
 
 def build_sched(adapter: Adapter) -> pl.DataFrame | None:

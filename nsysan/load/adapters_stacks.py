@@ -151,32 +151,59 @@ def _first_by_content(adapter: Adapter, rows: pl.DataFrame, keys: list[str]) -> 
     """One row per ``keys`` of ``rows`` (``id, stackDepth, symbol, module`` keys), sorted by
     ``id``: where several rows share the keys, the first by the text of their symbol, then
     module (nulls first), as `content_sort` orders call-stack frames."""
-    rows = rows.sort(keys)
-    tied = rows.select(pl.struct(keys).is_duplicated()).to_series()
-    if not tied.any():
-        return rows
-    ties = rows.filter(tied).with_columns(
-        _sym=_texts(adapter, rows.filter(tied)["symbol"]).cast(pl.String),
-        _mod=_texts(adapter, rows.filter(tied)["module"]).cast(pl.String),
-    ).sort([*keys, "_sym", "_mod"], nulls_last=False).unique(keys, keep="first",
-                                                             maintain_order=True)
-    return pl.concat([rows.filter(~tied), ties.drop("_sym", "_mod")]).sort(keys)
+    if not _strictly_increasing(rows, keys):
+        rows = rows.sort(keys)
+        tied = rows.select(pl.struct(keys).is_duplicated()).to_series()
+        if tied.any():
+            ties = rows.filter(tied)
+            ties = ties.with_columns(
+                _sym=_texts(adapter, ties["symbol"]).cast(pl.String),
+                _mod=_texts(adapter, ties["module"]).cast(pl.String),
+            ).sort([*keys, "_sym", "_mod"], nulls_last=False).unique(
+                keys, keep="first", maintain_order=True)
+            rows = pl.concat([rows.filter(~tied), ties.drop("_sym", "_mod")]).sort(keys)
+    return rows
+
+
+def _strictly_increasing(rows: pl.DataFrame, keys: list[str]) -> bool:
+    """True when ``rows`` are in strictly increasing ``keys`` order (as a scan of nsys' call
+    chains returns them): then there is nothing to sort and no tie. Checked with
+    comparisons to the previous row, cheaper than one sort."""
+    if rows.height < 2:
+        return True
+    if rows.select(pl.any_horizontal(pl.col(k).is_null().any() for k in keys)).item():
+        return False
+    first, rest = keys[0], keys[1:]
+    step = pl.col(first).diff()
+    later = step > 0
+    if rest:
+        equal = step == 0
+        for k in rest:
+            later = later | (equal & (pl.col(k).diff() > 0))
+            equal = equal & (pl.col(k).diff() == 0)
+    return bool(rows.select(later.slice(1).all()).item())
 
 
 def _texts(adapter: Adapter, ids: pl.Series) -> pl.Series:
     """The StringIds text of each id (null for null or unknown ids), Categorical."""
-    lookup = adapter.strings
-    distinct = ids.unique().drop_nulls().to_frame("id").join(lookup, on="id", how="left")
-    values = distinct["value"].cast(pl.Categorical)
-    at = ids.replace_strict(distinct["id"], pl.int_range(distinct.height, eager=True,
-                                                        dtype=pl.UInt32),
-                            default=None, return_dtype=pl.UInt32)
-    return values.gather(at).alias(ids.name)
+    from nsysan.load.adapters_samples import _resolve_categorical
+
+    return _resolve_categorical(adapter, ids.to_frame("id"), {"id": "text"})["text"].alias(
+        ids.name)
 
 
 def _layer_codes(adapter: Adapter, module_ids: pl.Series) -> pl.Series:
     """The `HOST_LAYERS` index (UInt8) of the module of every id (null or unknown ids:
-    ``unknown``); each distinct module is classified once."""
+    ``unknown``): each distinct module is classified once, the codes gathered by id."""
     if module_ids.is_empty():
         return pl.Series("code", [], dtype=pl.UInt8)
-    return ht.frame_layer_codes(_texts(adapter, module_ids))
+    from nsysan.load.adapters_samples import _dense_codes
+
+    got = _dense_codes(module_ids)
+    if got is None:  # ids too sparse or negative for a dense table: hash them
+        return ht.frame_layer_codes(_texts(adapter, module_ids))
+    at, distinct = got
+    texts = distinct.join(adapter.strings.rename({"id": module_ids.name}), on=module_ids.name,
+                          how="left", maintain_order="left")["value"]
+    codes = ht.frame_layer_codes(texts)
+    return codes.gather(at).fill_null(_UNKNOWN).alias("code")

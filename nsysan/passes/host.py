@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from nsysan.errors import ConfigError
@@ -48,6 +49,8 @@ from nsysan.passes.gap_causes import launch_calls
 from nsysan.passes.steps import step_windows
 
 I64, F64, STR = pl.Int64, pl.Float64, pl.String
+#: a sample's host layer while the pass works (one byte per sample); the tables print names
+LAYER = pl.Enum(ht.HOST_LAYERS)
 LAYER_FRACS = {f"{layer}_frac": F64 for layer in ht.HOST_LAYERS}
 HOST_THREADS = pl.Schema(
     {
@@ -131,26 +134,26 @@ def _in_cuda_call(trace: Trace, os_samples: pl.DataFrame) -> pl.Series:
 
 
 def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
-    """``samples`` (cpu_samples, in its order) with ``layer`` (see the module docstring)."""
+    """``samples`` (cpu_samples, in its order) with ``layer`` (see the module docstring), an
+    Enum of `HOST_LAYERS`: the rules work on its one-byte codes, the tables print names."""
     # the layer its call stack gives (`host_taxonomy`); no call chain: unknown
-    layer = samples["stack_layer"].cast(pl.String).fill_null("unknown").alias("layer")
-    # the narrow columns the rules need; the wide sample rows are sorted once, at the end
-    keyed = samples.select("global_tid", "time_ns").with_columns(layer)
-    is_os = keyed["layer"] == "os"
-    in_call = _in_cuda_call(trace, keyed.filter(is_os))
-    driver_wait = pl.Series([False] * keyed.height, dtype=pl.Boolean).scatter(
+    code = samples["stack_layer"].to_physical().fill_null(ht.HOST_LAYERS.index("unknown"))
+    is_os = code == ht.HOST_LAYERS.index("os")
+    in_call = _in_cuda_call(trace, samples.select("global_tid", "time_ns").filter(is_os))
+    driver_wait = pl.Series([False] * samples.height, dtype=pl.Boolean).scatter(
         is_os.arg_true(), in_call)
     names = _thread_names(trace)
     profiler_tids = names.filter(
         pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))["global_tid"]
-    layer = (keyed.select(
-        pl.when(pl.col("global_tid").is_in(profiler_tids.implode())).then(pl.lit("profiler"))
-        .when(driver_wait).then(pl.lit("runtime_driver"))
-        .otherwise(pl.col("layer")).alias("layer"))["layer"])
+    code = samples.select(
+        pl.when(pl.col("global_tid").is_in(profiler_tids.implode()))
+        .then(pl.lit(ht.HOST_LAYERS.index("profiler"), dtype=pl.UInt8))
+        .when(driver_wait).then(pl.lit(ht.HOST_LAYERS.index("runtime_driver"), dtype=pl.UInt8))
+        .otherwise(code).alias("layer")).to_series()
     # cpu_samples' order (time, thread, id): every consumer aggregates, or needs only each
-    # thread's samples in time order, which it already is; sorting the wide rows (long
-    # symbol text) again cost more than the rules
-    return samples.with_columns(layer)
+    # thread's samples in time order, which it already is
+    return samples.with_columns(pl.Series(ht.HOST_LAYERS, dtype=LAYER).gather(code)
+                                .alias("layer"))
 
 
 def sampling_period(samples: pl.DataFrame) -> tuple[int | None, pl.DataFrame]:
@@ -175,7 +178,8 @@ def session_window(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame) -> 
 
 
 def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers: pl.Series,
-             window: tuple[int, int], per_period: pl.DataFrame) -> pl.DataFrame:
+             window: tuple[int, int], per_period: pl.DataFrame,
+             counts: pl.DataFrame) -> pl.DataFrame:
     w0, w1 = window
     s = sched.with_columns(
         _s=pl.col("start_ns").clip(w0, w1), _e=pl.col("end_ns").clip(w0, w1),
@@ -186,11 +190,16 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
         n_migrations=(pl.col("cpu") != pl.col("cpu").shift(1)).sum().cast(I64),
         _first=pl.col("_s").min(), _last=pl.col("_e").max(),
     )
+    # per thread: its samples' span, and the share of each layer (from the whole-trace
+    # counts of `_layer_counts`)
+    n = pl.col("n_samples")
+    per_layer = counts.filter(pl.col("step").is_null()).group_by("global_tid").agg(
+        n_samples=n.sum().cast(I64),
+        **{f"{layer}_frac": n.filter(pl.col("layer") == layer).sum() / n.sum()
+           for layer in ht.HOST_LAYERS})
     sm = samples.group_by("global_tid").agg(
-        n_samples=pl.len().cast(I64),
         _sfirst=pl.col("time_ns").min().clip(w0, w1), _slast=pl.col("time_ns").max().clip(w0, w1),
-        **{f"{layer}_frac": (pl.col("layer") == layer).mean() for layer in ht.HOST_LAYERS},
-    )
+    ).join(per_layer, on="global_tid")
     ids = pl.concat([sw.select("global_tid"), sm.select("global_tid")]).unique()
     df = ids.join(sw, on="global_tid", how="left").join(sm, on="global_tid", how="left")
     first = pl.min_horizontal("_first", "_sfirst")
@@ -221,27 +230,50 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
                                                                          "global_tid")
 
 
-def _layers(trace: Trace, samples: pl.DataFrame, period: int | None,
-            steps: pl.DataFrame | None) -> pl.DataFrame:
-    scoped = [samples.select("global_tid", "layer", step=pl.lit(None, dtype=I64))]
-    if steps is not None and not samples.is_empty():
-        win = steps.select("step", "start_ns", "end_ns").sort("start_ns")
-        placed = (samples.select("global_tid", "layer", "time_ns").sort("time_ns")
-                  .join_asof(win, left_on="time_ns", right_on="start_ns",
-                             strategy="backward", check_sortedness=False)
-                  .filter(pl.col("time_ns") < pl.col("end_ns")))
-        scoped.append(placed.select("global_tid", "layer", pl.col("step").cast(I64)))
-    df = pl.concat(scoped).group_by("global_tid", "step", "layer").agg(
-        n_samples=pl.len().cast(I64))
-    df = df.with_columns(
+def _layer_counts(samples: pl.DataFrame, steps: pl.DataFrame | None) -> pl.DataFrame:
+    """``global_tid, step, layer, n_samples``: samples per thread and layer over the whole
+    trace (``step`` null) and, with steps known, per step (a sample counts in the step whose
+    window holds its time). One count of packed integer keys (thread, step, layer code)."""
+    if samples.is_empty():
+        return pl.DataFrame(schema={"global_tid": I64, "step": I64, "layer": LAYER,
+                                    "n_samples": I64})
+    threads = samples["global_tid"].unique().sort()
+    thread = np.searchsorted(threads.to_numpy(), samples["global_tid"].to_numpy())
+    code = samples["layer"].to_physical().to_numpy().astype(np.int64)
+    n_layers = len(ht.HOST_LAYERS)
+    win = (steps.select("step", "start_ns", "end_ns").sort("start_ns", maintain_order=True)
+           if steps is not None else None)
+    slots = 1 + (win.height if win is not None else 0)  # 0: the whole trace
+    keys = [thread * slots * n_layers + code]
+    if win is not None and win.height:
+        # the last window starting at or before the sample, if the sample is before its end
+        time = samples["time_ns"].to_numpy()
+        at = np.searchsorted(win["start_ns"].to_numpy(), time, side="right") - 1
+        inside = at >= 0
+        inside[inside] = time[inside] < win["end_ns"].to_numpy()[at[inside]]
+        keys.append((thread[inside] * slots + 1 + at[inside]) * n_layers + code[inside])
+    counted = pl.Series("key", np.concatenate(keys)).value_counts(name="n")
+    key = counted["key"].to_numpy()
+    slot = (key // n_layers) % slots
+    step_of = (pl.Series([None], dtype=I64).append(win["step"].cast(I64))
+               if win is not None else pl.Series([None], dtype=I64))
+    return pl.DataFrame({
+        "global_tid": threads.gather(key // n_layers // slots),
+        "step": step_of.gather(slot),
+        "layer": pl.Series(ht.HOST_LAYERS, dtype=LAYER).gather(key % n_layers),
+        "n_samples": counted["n"].cast(I64),
+    })
+
+
+def _layers(trace: Trace, counts: pl.DataFrame, period: int | None) -> pl.DataFrame:
+    df = counts.with_columns(
         frac=pl.col("n_samples") / pl.col("n_samples").sum().over("global_tid", "step"),
         est_ns=pl.col("n_samples") * pl.lit(period, dtype=I64),
         trace_id=pl.lit(trace.trace_id),
         pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
         tid=pl.col("global_tid") & 0xFFFFFF,
     )
-    order = pl.col("layer").replace_strict({x: i for i, x in enumerate(ht.HOST_LAYERS)},
-                                           return_dtype=I64)
+    order = pl.col("layer").to_physical()  # `HOST_LAYERS` order
     return (df.sort("pid", "tid", "global_tid", "step", order, nulls_last=False)
             .select(HOST_LAYERS.names()).cast(dict(HOST_LAYERS)))
 
@@ -254,14 +286,15 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
     sched = trace.frame("sched") if has_sched else schemas.empty(schemas.SCHED)
     raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas.CPU_SAMPLES)
     samples = sample_layers(trace, raw) if has_samples else raw.with_columns(
-        layer=pl.lit(None, dtype=STR))
+        layer=pl.lit(None, dtype=LAYER))
     window = session_window(trace, sched, samples)
     period, per_period = sampling_period(samples)
     calls = launch_calls(trace) if not trace.frame("gpu_ops").is_empty() else None
     launchers = (calls["global_tid"].unique() if calls is not None
                  else pl.Series("global_tid", [], dtype=I64))
-    threads = _threads(trace, sched, samples, launchers, window, per_period)
-    layers = _layers(trace, samples, period, step_windows(results))
+    counts = _layer_counts(samples, step_windows(results))
+    threads = _threads(trace, sched, samples, launchers, window, per_period, counts)
+    layers = _layers(trace, counts, period)
     gaps = host_gaps.table(trace, results, sched, samples, calls, params.top_symbols)
     missing = [what for what, ok in (("scheduling", has_sched), ("sampling", has_samples))
                if not ok]
