@@ -2,14 +2,15 @@
 
     python bench/job_traces.py [--ranks 16] [--kernels 250000] [-o bench/data/job16]
 
-The shared MPI Jacobi capture has one report per rank (ranks 3 and 7 of an 8-rank run). Rank
-``r`` of the new job is a copy of one of them (``r`` even: rank 3's, odd: rank 7's), scaled with
-`scale_trace.scale` to about ``--kernels`` kernels (activity replicated along the timeline, ids
-kept consistent within the file), and told its new rank where nsys records it: the launch
-environment (``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE`` in
-``TARGET_INFO_SYSTEM_ENV.DeviceEnvironment``) and the ``MPI Rank N`` thread name. Files are
-named ``rank<r>.sqlite``. Every rank then runs the same number of collectives, so
-``nsysan analyze --job`` matches them across all ranks.
+Rank ``r`` of the new job is a copy of the shared sc22 capture (rank 0 of a 4-rank PyTorch DDP
+run with NCCL all-reduces, CPU samples and context switches), scaled with `scale_trace.scale`
+to at least ``--kernels`` kernels (activity replicated along the timeline, ids kept consistent
+within the file), and told its new rank where nsys records it: the launch environment in
+``TARGET_INFO_SYSTEM_ENV.DeviceEnvironment`` (``RANK``, ``LOCAL_RANK``, ``PALS_RANKID`` and
+``WORLD_SIZE``). Files are named ``rank<r>.sqlite``. Every rank runs the same collectives, so
+``nsysan analyze --job`` matches them across all ranks. (The MPI Jacobi captures are the other
+multi-rank source, but they hold 140 call-stack frames per kernel: 16 scaled copies would
+take 40 GB.)
 """
 
 from __future__ import annotations
@@ -25,26 +26,28 @@ sys.path.insert(0, str(HERE))
 
 from scale_trace import scale  # noqa: E402
 
-JACOBI = HERE.parent.parent / "shared" / "traces" / "gpubootcamp-jacobi-multigpu"
-SOURCES = {3: JACOBI / "mpi_report1.qdrep.nsys2022.4.2.sqlite",
-           7: JACOBI / "mpi_report2.qdrep.nsys2022.4.2.sqlite"}
+SOURCE = (HERE.parent.parent / "shared" / "traces" / "sc22-ddp-4gpu-nccl"
+          / "4gpu_baseline.nsys-rep.nsys2022.4.2.sqlite")
+#: (variable, value in the source) -> value for rank r of a job of size n
+RETAG = {"RANK": lambda r, n: r, "LOCAL_RANK": lambda r, n: r % 4,
+         "PALS_RANKID": lambda r, n: r, "WORLD_SIZE": lambda r, n: n}
 
 
-def _retag(path: Path, old_rank: int, rank: int, world: int) -> None:
-    """Give the copy of rank ``old_rank`` its new rank (environment and thread name)."""
+def _retag(path: Path, rank: int, world: int) -> None:
+    """Give the copy its rank and the job's size in its recorded launch environment."""
     con = sqlite3.connect(path)
     con.text_factory = bytes  # the environment block holds NULs and non-UTF-8 bytes
     try:
         for (value,) in con.execute(
                 "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'"):
-            new = value.replace(f"OMPI_COMM_WORLD_RANK={old_rank}\0".encode(),
-                                f"OMPI_COMM_WORLD_RANK={rank}\0".encode())
-            new = new.replace(b"OMPI_COMM_WORLD_SIZE=8\0", f"OMPI_COMM_WORLD_SIZE={world}\0"
-                              .encode())
+            items = value.split(b"\0")
+            for i, item in enumerate(items):
+                name, sep, _ = item.partition(b"=")
+                if sep and name.decode(errors="replace") in RETAG:
+                    new = RETAG[name.decode()](rank, world)
+                    items[i] = name + b"=" + str(new).encode()
             con.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = CAST(? AS TEXT) "
-                        "WHERE name = 'DeviceEnvironment'", (new,))
-        con.execute("UPDATE StringIds SET value = ? WHERE value = ?",
-                    (f"MPI Rank {rank}", f"MPI Rank {old_rank}"))
+                        "WHERE name = 'DeviceEnvironment'", (b"\0".join(items),))
         con.commit()
     finally:
         con.close()
@@ -65,14 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", type=Path, default=HERE / "data" / "job16")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    copies = max(1, math.ceil(args.kernels / kernels_of(SOURCE)))
     for rank in range(args.ranks):
-        old = 3 if rank % 2 == 0 else 7
-        src = SOURCES[old]
-        copies = max(1, math.ceil(args.kernels / kernels_of(src)))
         dst = args.out / f"rank{rank}.sqlite"
-        scale(src, dst, copies)
-        _retag(dst, old, rank, args.ranks)
-        print(f"{dst}: rank {rank} from rank {old}, {copies} copies", flush=True)
+        scale(SOURCE, dst, copies)
+        _retag(dst, rank, args.ranks)
+        print(f"{dst}: rank {rank}, {copies} copies", flush=True)
     return 0
 
 
