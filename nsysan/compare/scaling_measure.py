@@ -456,8 +456,8 @@ def host_evidence(job: JobResult) -> tuple[bool, list[str]]:
     captured = False
     hits: set[str] = set()
     for t in job.traces:
-        tables = t.meta.tables or {}
-        if not (tables.get("SCHED_EVENTS") or tables.get("COMPOSITE_EVENTS")):
+        tables = t.meta.tables
+        if not (tables.has_rows("SCHED_EVENTS") or tables.has_rows("COMPOSITE_EVENTS")):
             continue
         captured = True
         diagnosis = analyze(t, passes=["host"], findings=True).diagnosis

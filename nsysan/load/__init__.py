@@ -124,7 +124,7 @@ def open_trace(
     source, recorded = open_source(path, nsys=nsys, cache_dir=cache_dir)
     tables = source.tables()
     # empty tables count as absent: a non-lazy export of a CPU-only capture has them all
-    if require_cuda and not any(tables.get(t, 0) for t in CUDA_TABLES):
+    if require_cuda and not any(tables.has_rows(t) for t in CUDA_TABLES):
         source.close()
         raise SchemaError(
             f"{path} has no CUDA activity tables (CUPTI_ACTIVITY_KIND_KERNEL/MEMCPY/MEMSET/"

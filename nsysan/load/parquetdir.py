@@ -32,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.frames.trace import TableCounts
 from nsysan.load.quality import text_limit, truncate_text
 from nsysan.load.source import Cond, RowFilter
 from nsysan.load.sqlite import NSYS_MARKER_TABLES
@@ -177,9 +178,9 @@ class ParquetDirSource:
                 raise self._corrupt(table, exc) from None
         return self._schemas[table]
 
-    def tables(self) -> dict[str, int]:
+    def tables(self) -> TableCounts:
         """Every table present, with its row count from the Parquet footer."""
-        return dict(self._counts)
+        return TableCounts(self._counts)
 
     def columns(self, table: str) -> list[str]:
         """Column names of ``table`` in export order; empty when the table is absent."""

@@ -27,12 +27,14 @@ import sqlite3
 import stat
 import threading
 import urllib.parse
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.frames.trace import TableCounts
 from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
 from nsysan.load.source import Cond, RowFilter
 
@@ -186,7 +188,8 @@ class SqliteSource:
                 f"StringIds / no nsys tables; pass the .sqlite written by `nsys export`"
             )
         self._columns: dict[str, list[tuple[str, str]]] = {}
-        self._counts: dict[str, int] | None = None
+        self._counts: TableCounts | None = None
+        self._estimates: dict[str, int] = {}
         #: table -> column -> {"nulled" | "truncated": values}, from the last read of it
         self._issues: dict[str, dict[str, dict[str, int]]] = {}
 
@@ -208,18 +211,57 @@ class SqliteSource:
                     f"{self.path}: corrupt SQLite file ({_first_line(exc)}); re-export the report"
                 ) from None
 
-    def tables(self) -> dict[str, int]:
-        """Every table present, with its row count (counted once, then cached)."""
+    def tables(self) -> TableCounts:
+        """Every table present, with its row count. Which tables hold rows is asked at once
+        (an ``EXISTS`` per table: one page each); the exact counts are computed in a
+        background thread on a connection of its own and waited for only when read (see
+        `TableCounts`)."""
         if self._counts is None:
             if not self._names:
-                self._counts = {}
+                self._counts = TableCounts({})
             else:
-                sql = " UNION ALL ".join(
-                    f"SELECT {i}, count(*) FROM {_quote(t)}" for i, t in enumerate(self._names)
-                )
-                counts = dict(self._execute(sql))
-                self._counts = {t: int(counts[i]) for i, t in enumerate(self._names)}
-        return dict(self._counts)
+                sql = " UNION ALL ".join(f"SELECT {i}, EXISTS (SELECT 1 FROM {_quote(t)})"
+                                         for i, t in enumerate(self._names))
+                found = dict(self._execute(sql))
+                nonempty = {t: bool(found[i]) for i, t in enumerate(self._names)}
+                self._counts = TableCounts(names=self._names, nonempty=nonempty,
+                                           pending=self._count_in_background())
+        return self._counts
+
+    def _count_in_background(self) -> Future[dict[str, int]]:
+        sql = " UNION ALL ".join(
+            f"SELECT {i}, count(*) FROM {_quote(t)}" for i, t in enumerate(self._names))
+        names, uri, path = list(self._names), _file_uri(self.path, self._immutable), self.path
+        future: Future[dict[str, int]] = Future()
+
+        def count() -> None:
+            try:
+                con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                try:
+                    counts = dict(con.execute(sql).fetchall())
+                finally:
+                    con.close()
+                future.set_result({t: int(counts[i]) for i, t in enumerate(names)})
+            except sqlite3.DatabaseError as exc:
+                future.set_exception(TraceFormatError(
+                    f"{path}: corrupt SQLite file ({_first_line(exc)}); re-export the report"))
+            except BaseException as exc:  # surfaces where the counts are read
+                future.set_exception(exc)
+
+        threading.Thread(target=count, name="nsysan-count", daemon=True).start()
+        return future
+
+    def rows_estimate(self, table: str) -> int:
+        """About how many rows ``table`` has, without counting them: its largest rowid
+        (the count itself in a table written once, as nsys writes them). For choosing a
+        read path, never for a result."""
+        if table not in self._estimates:
+            try:
+                (top,), = self._execute(f"SELECT max(rowid) FROM {_quote(table)}")
+            except TraceFormatError:  # e.g. a WITHOUT ROWID table: count it
+                top = self.tables().get(table, 0)
+            self._estimates[table] = int(top or 0)
+        return self._estimates[table]
 
     def _declared(self, table: str) -> list[tuple[str, str]]:
         if table not in self._columns:
@@ -314,7 +356,7 @@ class SqliteSource:
                 stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
                 stmt.set_sql_query(sql)
                 stream, _ = stmt.execute_query()
-                if self.tables().get(table, 0) >= FILTERED_ARROW_MIN_ROWS:
+                if self.rows_estimate(table) >= FILTERED_ARROW_MIN_ROWS:
                     import pyarrow as pa
 
                     df = pl.from_arrow(pa.RecordBatchReader.from_stream(stream).read_all())
@@ -351,7 +393,7 @@ class SqliteSource:
     def _read_any(
         self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
     ) -> pl.DataFrame:
-        if self.tables().get(table, 0) >= BULK_MIN_ROWS:
+        if self.rows_estimate(table) >= BULK_MIN_ROWS:
             bulk = self._read_bulk(table, columns, dtypes)
             if bulk is not None:
                 return bulk

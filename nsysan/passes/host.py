@@ -93,7 +93,7 @@ def captured(trace: Trace) -> tuple[bool, bool]:
     in-memory traces, the frames have rows)."""
     tables = trace.meta.tables
     if tables:  # opened from an export: its tables say
-        return bool(tables.get("SCHED_EVENTS")), bool(tables.get("COMPOSITE_EVENTS"))
+        return tables.has_rows("SCHED_EVENTS"), tables.has_rows("COMPOSITE_EVENTS")
     return not trace.frame("sched").is_empty(), not trace.frame("cpu_samples").is_empty()
 
 
@@ -102,7 +102,7 @@ def frames_to_read(trace: Trace) -> list[str]:
     read the call stacks too)."""
     tables = trace.meta.tables
     wanted = {"cpu_samples": "COMPOSITE_EVENTS", "sched": "SCHED_EVENTS"}
-    return [frame for frame, table in wanted.items() if tables.get(table)]
+    return [frame for frame, table in wanted.items() if tables.has_rows(table)]
 
 
 def _thread_names(trace: Trace) -> pl.DataFrame:

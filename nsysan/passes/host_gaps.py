@@ -62,7 +62,7 @@ def deschedule_rule(trace: Trace, sched: pl.DataFrame) -> str | None:
     if sched["out_state"].is_in(INFORMATIVE_STATES).any():
         return "thread_state"
     tables = trace.meta.tables
-    if tables.get("OSRT_API") or (not tables and not trace.frame("osrt").is_empty()):
+    if tables.has_rows("OSRT_API") or (not tables and not trace.frame("osrt").is_empty()):
         return "osrt_uncovered"
     return None
 

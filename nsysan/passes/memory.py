@@ -108,7 +108,7 @@ def has_events(trace: Trace) -> bool:
     in-memory traces are asked for their frame)."""
     tables = trace.meta.tables
     if "CUDA_GPU_MEMORY_USAGE_EVENTS" in tables:
-        return tables["CUDA_GPU_MEMORY_USAGE_EVENTS"] > 0
+        return tables.has_rows("CUDA_GPU_MEMORY_USAGE_EVENTS")
     if trace.meta.source_format == "memory":
         return trace.frame("memory_events").height > 0
     return False

@@ -187,7 +187,7 @@ def build_manifest(trace: Trace, info: ManifestInfo | None = None,
             # environment variables can hold secrets; the meta frame leaves them out too
             "capture": {k: v for k, v in meta.capture.items() if "ENVIRONMENT_VARIABLE" not in k},
         },
-        "raw_tables": meta.tables,
+        "raw_tables": dict(meta.tables),
         "not_captured": meta.missing,
         "notes": meta.notes,
         # rows repaired or dropped per frame and rule (docs/data-quality.md)

@@ -165,7 +165,7 @@ def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame], edges: np.ndarray
     """One lane per launching thread (host pass): its on-CPU share per bin, labelled with its
     thread id and the layer most of its samples are in (abbreviated)."""
     threads = tables.get("host_threads")
-    if threads is None or threads.is_empty() or not trace.meta.tables.get("SCHED_EVENTS"):
+    if threads is None or threads.is_empty() or not trace.meta.tables.has_rows("SCHED_EVENTS"):
         return {}
     launchers = (threads.filter((pl.col("role") == "launcher") & pl.col("on_cpu_ns").is_not_null())
                  .sort(["n_samples", "global_tid"], descending=[True, False])
