@@ -203,6 +203,11 @@ def run_one(task: RunTask) -> RunRecord:
             nsys=task.nsys,
             **{k: v for k, v in options.items() if k in ("samples_per_step", "tokens_per_step")},
         )
+        # The frame cache is written in the background; a worker's next trace must not start
+        # while this one's frames are still held for it (a Dask worker runs one after another).
+        from nsysan.load import cache
+
+        cache.flush()
         findings = result.findings
         record = base_record(
             task,
