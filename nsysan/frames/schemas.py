@@ -18,6 +18,8 @@ I32 = pl.Int32
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
+#: the dtype of an open vocabulary (names) in a frame
+CAT = pl.Categorical()
 
 # ---------------------------------------------------------------------------------------------
 # Vocabularies
@@ -44,6 +46,25 @@ OVERLAP_CLASS_OF_OP_CLASS = {
 }
 API_CLASSES = ("launch", "memcpy", "memset", "sync", "malloc", "graph", "other")
 NVTX_STYLES = ("push_pop", "start_end", "mark")
+API_LAYERS = ("runtime", "driver")
+SYNC_TYPE_LABELS = ("event_sync", "stream_wait_event", "stream_sync", "context_sync", "unknown")
+MEMORY_OPS = ("alloc", "free")
+
+
+def enum_of(vocabulary: tuple[str, ...]) -> pl.Enum:
+    """The Enum of a closed vocabulary, its categories in lexical order: an Enum then sorts,
+    compares and takes min/max by its text, as a String column does."""
+    return pl.Enum(sorted(vocabulary))
+
+
+GPU_OP_KIND = enum_of(GPU_OP_KINDS)
+OP_CLASS = enum_of(OP_CLASSES)
+API_CLASS = enum_of(API_CLASSES)
+API_LAYER = enum_of(API_LAYERS)
+NVTX_STYLE = enum_of(NVTX_STYLES)
+SYNC_TYPE = enum_of(SYNC_TYPE_LABELS)
+MEMORY_OP = enum_of(MEMORY_OPS)
+
 
 # ---------------------------------------------------------------------------------------------
 # Canonical frames (the load contract)
