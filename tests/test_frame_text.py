@@ -1,6 +1,7 @@
 """The dictionary-encoded text of the canonical frames (`nsysan.frames.schemas` conventions):
-the closed vocabularies the adapters produce fit their Enums, an Enum orders like its text, and
-`frames.text.per_value` gives what the text expression gives on every row."""
+the closed vocabularies the adapters produce fit their Enums, an Enum orders like its text, a
+value outside a vocabulary is refused, and `frames.text.per_value` gives what the text
+expression gives on every row."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from nsysan.frames import schemas
 from nsysan.frames.text import as_text, per_value
+from nsysan.frames.trace import Trace
 from nsysan.load import adapters, adapters_gpu, adapters_memory, adapters_nvtx
 
 ENUMS = {
@@ -44,6 +46,14 @@ def test_the_adapters_labels_are_the_closed_vocabularies() -> None:
     assert set(adapters.SYNC_TYPES.values()) | {c for c, _ in adapters.SYNC_TYPE_BY_API} \
         | {"unknown"} == set(schemas.SYNC_TYPE_LABELS)
     assert set(adapters_memory.OPERATIONS.values()) == set(schemas.MEMORY_OPS)
+
+
+def test_an_op_class_outside_the_vocabulary_is_refused() -> None:
+    ops = pl.DataFrame({"start_ns": [1], "end_ns": [2], "op_class": ["weird"]})
+    with pytest.raises(pl.exceptions.InvalidOperationError):
+        Trace.from_frames("t", {"gpu_ops": ops})
+    tr = Trace.from_frames("t", {"gpu_ops": ops.with_columns(pl.lit("nccl").alias("op_class"))})
+    assert tr.gpu_ops.schema == schemas.GPU_OPS
 
 
 NAMES = st.lists(st.sampled_from(["ncclKernel_AllReduce", "sgemm", "Step 3", "step 12", "",

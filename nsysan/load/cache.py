@@ -37,8 +37,8 @@ MIN_BYTES = 64 << 20
 #: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
 #: of the key): a cache written before must not be served (2: content-derived NVTX ids and row
 #: order; 3: the data-quality counts in the notes file; 4: cpu_stacks symbol/module and cpu_samples
-#: leaf_symbol/leaf_module Categorical)
-FRAMES_REVISION = 4
+#: leaf_symbol/leaf_module Categorical; 5: the text of the event frames Categorical or Enum)
+FRAMES_REVISION = 5
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
