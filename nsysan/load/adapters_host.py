@@ -110,6 +110,7 @@ def build_sync(adapter: Adapter) -> pl.DataFrame | None:
     df = adapter.read(SYNCHRONIZATION, [*COMMON_COLUMNS], {"syncType": pl.Int64()},
                       DEFAULTED_COLUMNS)
     df = _clean(adapter, quality, adapter.default_process(df))
+
     def valid(c: str) -> pl.Expr:
         return pl.when(pl.col(c) == CUPTI_INVALID_ID).then(None).otherwise(pl.col(c))
 
