@@ -51,6 +51,24 @@ def test_frames_have_their_schemas(loaded) -> None:
         assert df["trace_id"].unique().to_list() in ([], [tr.trace_id]), name
 
 
+#: the event frames' text columns that stay String (schemas docstring): a broadcast id and
+#: JSON payloads, mostly distinct
+STRING_COLUMNS = {"trace_id", "payload_json"}
+EVENT_FRAMES = ("gpu_ops", "cuda_api", "nvtx", "osrt", "sync", "overhead", "memory_events")
+
+
+def test_event_frames_hold_text_as_codes(loaded) -> None:
+    _, tr = loaded
+    for name in EVENT_FRAMES:
+        df = tr.frame(name)
+        assert {c for c, d in df.schema.items() if d == pl.String} <= STRING_COLUMNS, name
+        for c, d in df.schema.items():
+            if isinstance(d, pl.Enum) and df.height:
+                # a closed vocabulary: every value is one of its labels, none is null
+                # (memory_events.op may be null: an operation type nsys did not name)
+                assert df[c].null_count() == 0 or (name, c) == ("memory_events", "op"), (name, c)
+
+
 def test_row_counts_equal_direct_sql(loaded) -> None:
     path, tr = loaded
     _, _, count = _sql(path)

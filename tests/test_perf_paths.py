@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 from conftest import REPO_ROOT, make_nsys_sqlite
 
+from nsysan.frames import schemas
 from nsysan.load import cache, open_trace
 from nsysan.load.sqlite import SqliteSource
 
@@ -89,6 +90,8 @@ def test_parquet_cache_gives_identical_frames_and_notes(
     b = _frames(second)
     for name, df in a.items():
         expect = df.with_columns(pl.lit("other").alias("trace_id")) if "trace_id" in df else df
+        # (`equals` compares values only: a String column equals its Categorical)
+        assert b[name].schema == df.schema == schemas.CANONICAL[name], name
         assert b[name].equals(expect), name
         assert b[name].n_chunks() == 1, name
     assert second.meta.notes == first.meta.notes

@@ -1,6 +1,7 @@
 """The timeline lanes (`plots.device_timelines`) are what the direct definition gives: one
-union per overlap class (any other op_class counts as compute), compute ∪ nccl measured from
-the compute and nccl blocks equals the union of those ops, and only present classes are cut."""
+union per overlap class (an op without one, a null op_class, counts as compute), compute ∪ nccl
+measured from the compute and nccl blocks equals the union of those ops, and only present
+classes are cut."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def _ops(rows: list[tuple[int, int, int, str | None]]) -> pl.DataFrame:
 
 def test_lanes_match_the_definition_with_other_classes_and_untimed_ops() -> None:
     ops = _ops([(0, 0, 50, "compute"), (0, 10, 400, "nccl"), (0, 100, 200, "compute"),
-                (0, 150, 300, "weird"), (0, 350, 500, None), (0, 600, 700, "memset"),
+                (0, 150, 300, None), (0, 350, 500, None), (0, 600, 700, "memset"),
                 (0, 650, 650, "memcpy_h2d"),  # zero length: no lane
                 (1, 5, 80, "nccl"), (1, 90, 95, "nccl"), (1, 20, 30, "compute")])
     tr = Trace.from_frames("t", {"gpu_ops": ops})

@@ -39,6 +39,7 @@ import polars as pl
 from nsysan.compare.decompose import OUTSIDE, layer_per_step
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
+from nsysan.frames import schemas
 from nsysan.multirank.job import JobParams, JobResult, analyze_job
 from nsysan.passes import device_blocks
 from nsysan.passes.nccl_names import with_bandwidth
@@ -130,7 +131,8 @@ def _rank_ops(job: JobResult, keys: pl.DataFrame) -> pl.DataFrame:
             .join(k.lazy(), on=["pid", "device_id"])
             .select("rank", "start_ns", "end_ns", "op_class").collect())
     return pl.concat(parts) if parts else pl.DataFrame(schema={
-        "rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "op_class": pl.String})
+        "rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
+        "op_class": schemas.OP_CLASS})
 
 
 def _covered(ops: pl.DataFrame, classes: Sequence[str] | None, spans: pl.DataFrame
@@ -369,7 +371,7 @@ def _mix(job: JobResult, keys: pl.DataFrame) -> tuple[dict[str, float], dict[str
         parts.append(trace.frame("gpu_ops").lazy().filter(
             (pl.col("op_class") == "compute") & pl.col("pid").is_in(pids))
             .select("name", (pl.col("end_ns") - pl.col("start_ns")).alias("d")).collect())
-    ops = pl.concat(parts) if parts else pl.DataFrame(schema={"name": pl.String,
+    ops = pl.concat(parts) if parts else pl.DataFrame(schema={"name": schemas.CAT,
                                                               "d": pl.Int64})
     g = ops.group_by("name").agg(pl.col("d").sum(), pl.len().alias("n")).sort("name")
     td, tn = g["d"].sum(), g["n"].sum()

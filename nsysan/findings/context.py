@@ -28,6 +28,7 @@ from nsysan.findings import startup, streams
 from nsysan.findings.params import FindingParams
 from nsysan.frames import intervals
 from nsysan.frames.packed_keys import Keys
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 from nsysan.passes.base import PassResult
@@ -370,8 +371,10 @@ class Context:
             op_link.gather(api["name"], call).alias("api_name"),
             op_link.gather(api["start_ns"], call).alias("api_start"),
             op_link.gather(api["end_ns"], call).alias("api_end"),
-        ).lazy()
-        is_async = pl.col("api_name").str.contains("(?i)async")
+        )
+        # (the regex once per distinct call name)
+        is_async = per_value(j, "api_name", pl.col("api_name").str.contains("(?i)async"))
+        j = j.lazy()
         pageable = ((pl.col("src_kind") == "pageable")
                     | (pl.col("dst_kind") == "pageable")).fill_null(False)
         # nsys's cuda-sync-memcpy rule: small H2D uploads and same-device copies are fine

@@ -22,6 +22,7 @@ from nsysan.findings.evidence import (
     windows_from,
 )
 from nsysan.frames import intervals
+from nsysan.frames.text import per_value
 from nsysan.passes.base import Finding
 
 #: Matrix-multiply / convolution kernels: the ones that could use Tensor Cores.
@@ -92,8 +93,8 @@ def _collectives_from_nvtx(ctx: Context) -> pl.DataFrame:
     p = ctx.params
     nvtx = ctx.need_frame("nvtx")
     att = ctx.need_table("attribution")
-    sized = (nvtx.filter(pl.col("payload_json").is_not_null()
-                         & (pl.col("domain").str.to_lowercase() == "nccl"))
+    nccl_domain = per_value(nvtx, "domain", pl.col("domain").str.to_lowercase() == "nccl")
+    sized = (nvtx.filter(pl.col("payload_json").is_not_null() & nccl_domain)
              .with_columns(pl.col("payload_json").str.extract(_SIZE_RE, 1).cast(pl.Int64)
                            .alias("msg_bytes"),
                            pl.col("payload_json").str.extract(_RANKS_RE, 1).cast(pl.Int64)
@@ -105,7 +106,7 @@ def _collectives_from_nvtx(ctx: Context) -> pl.DataFrame:
             raise NotEvaluated("no NCCL collectives in the trace")
         raise NotEvaluated("collective message sizes are not in this export "
                            "(no NCCL NVTX payloads)")
-    return (sized.select(["range_id", "name", "msg_bytes", "n_ranks"])
+    return (sized.select(["range_id", pl.col("name").cast(pl.String), "msg_bytes", "n_ranks"])
             .join(att.select(["range_id", pl.col("proj_start_ns").alias("start_ns"),
                               pl.col("proj_end_ns").alias("end_ns")]), on="range_id")
             .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("dur"))
@@ -245,8 +246,9 @@ def memory_churn(ctx: Context) -> list[Finding]:
     if win is None:
         raise NotEvaluated("no GPU activity in the trace")
     # the class test first: the name regex then runs on allocation calls only
-    calls = ctx.in_window(api.filter(pl.col("api_class") == "malloc")
-                          .filter(~pl.col("name").str.contains("(?i)async")), win)
+    mallocs = api.filter(pl.col("api_class") == "malloc")
+    calls = ctx.in_window(mallocs.filter(
+        ~per_value(mallocs, "name", pl.col("name").str.contains("(?i)async"))), win)
     if calls.is_empty():
         return []
     wlen = win[1] - win[0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 
 _LOAD_RE = r"^(?:cuModuleLoad|cuLibraryLoad|cuLink|nvrtcCompileProgram|cuModuleGetFunction)"
@@ -29,13 +30,14 @@ _NCCL_INIT_RE = r"(?i)^ncclCommInit"
 def startup_calls(trace: Trace, min_ns: int) -> pl.DataFrame:
     """``pid, name, why, start_ns, end_ns`` of the start-up calls, sorted by start (then by
     the other columns: a total order). Needs cuda_api (callers check)."""
-    api = trace.frame("cuda_api").lazy().filter(
-        (pl.col("end_ns") - pl.col("start_ns")) >= min_ns)
+    calls = trace.frame("cuda_api")
+    api = calls.lazy().filter((pl.col("end_ns") - pl.col("start_ns")) >= min_ns)
     cols = ["pid", "name", "why", "start_ns", "end_ns"]
-    named = api.filter(pl.col("name").str.contains(_LOAD_RE)).with_columns(
-        pl.lit("module_load").alias("why"))
-    ctx = api.filter(pl.col("name").str.contains(_CONTEXT_RE)).with_columns(
-        pl.lit("context").alias("why"))
+    # (the regexes once per distinct API name)
+    named = api.filter(per_value(calls, "name", pl.col("name").str.contains(_LOAD_RE)))
+    named = named.with_columns(pl.lit("module_load").alias("why"))
+    ctx = api.filter(per_value(calls, "name", pl.col("name").str.contains(_CONTEXT_RE)))
+    ctx = ctx.with_columns(pl.lit("context").alias("why"))
     # the first call of each process (no sort of every call: a min per process, joined back)
     t0 = trace.frame("cuda_api").lazy().group_by("pid").agg(pl.col("start_ns").min().alias("_t0"))
     first_api = (api.join(t0, on="pid").filter(pl.col("start_ns") == pl.col("_t0"))
@@ -55,8 +57,9 @@ def startup_calls(trace: Trace, min_ns: int) -> pl.DataFrame:
                      .filter(pl.col("_ks") == pl.col("_first"))
                      .with_columns(pl.lit("first_launch").alias("why")).select(cols))
     if trace.has("nvtx"):
-        parts.append(trace.frame("nvtx").lazy().filter(
-            pl.col("name").str.contains(_NCCL_INIT_RE).fill_null(False)
+        nvtx = trace.frame("nvtx")
+        parts.append(nvtx.lazy().filter(
+            per_value(nvtx, "name", pl.col("name").str.contains(_NCCL_INIT_RE)).fill_null(False)
             & pl.col("end_ns").is_not_null()
             & ((pl.col("end_ns") - pl.col("start_ns")) >= min_ns))
             .with_columns(pl.lit("nccl_init").alias("why")).select(cols))

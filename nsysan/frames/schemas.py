@@ -3,6 +3,25 @@
 Conventions (DESIGN.md "Explicit schemas and units"): time is Int64 nanoseconds in ``*_ns``
 columns on the session timeline, intervals are half-open ``[start_ns, end_ns)``, fractions are
 ``*_frac`` in [0, 1], and every frame starts with ``trace_id``.
+
+Text in the canonical event frames is dictionary-encoded, so that a frame costs what its data
+costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
+
+- an open vocabulary (names, domains, memory kinds) is ``pl.Categorical()`` (`CAT`): each row
+  holds a 32-bit code into polars' global categories, which are freed once no column uses
+  them. Categoricals sort, compare and take min/max by their text, like String;
+- a closed vocabulary is a ``pl.Enum`` of it (`GPU_OP_KIND`, `OP_CLASS`, `API_CLASS`,
+  `API_LAYER`, `NVTX_STYLE`, `SYNC_TYPE`, `MEMORY_OP`); a value outside it cannot be stored.
+  Its categories are in lexical order (``sorted`` of the vocabulary tuple, which keeps its
+  meaningful order for reports), so that an Enum too sorts, compares and takes min/max by its
+  text: every content order (`nsysan.frames.order`) is the one the String columns had.
+
+What still needs text works on the distinct values (``df[col].unique().cast(pl.String)``) and
+joins or maps back; two frames' keys join when both are Categorical (or both the same Enum),
+never a Categorical with a String. ``trace_id`` stays String (one broadcast value), and so do
+``nvtx.payload_json`` (mostly distinct), the small descriptive frames (gpus, streams,
+processes, threads, meta) and every output table: passes conform what they return to their
+declared String schemas, and the Parquet files are written from those.
 """
 
 from __future__ import annotations
@@ -20,6 +39,8 @@ I32 = pl.Int32
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
+#: an open vocabulary of the canonical frames (module docstring)
+CAT = pl.Categorical()
 
 # ---------------------------------------------------------------------------------------------
 # Vocabularies
@@ -46,6 +67,25 @@ OVERLAP_CLASS_OF_OP_CLASS = {
 }
 API_CLASSES = ("launch", "memcpy", "memset", "sync", "malloc", "graph", "other")
 NVTX_STYLES = ("push_pop", "start_end", "mark")
+API_LAYERS = ("runtime", "driver")
+SYNC_TYPE_LABELS = ("event_sync", "stream_wait_event", "stream_sync", "context_sync", "unknown")
+MEMORY_OPS = ("alloc", "free")
+
+
+def enum_of(vocabulary: tuple[str, ...]) -> pl.Enum:
+    """The Enum of a closed vocabulary, its categories in lexical order: an Enum then sorts,
+    compares and takes min/max by its text, as a String column does."""
+    return pl.Enum(sorted(vocabulary))
+
+
+GPU_OP_KIND = enum_of(GPU_OP_KINDS)
+OP_CLASS = enum_of(OP_CLASSES)
+API_CLASS = enum_of(API_CLASSES)
+API_LAYER = enum_of(API_LAYERS)
+NVTX_STYLE = enum_of(NVTX_STYLES)
+SYNC_TYPE = enum_of(SYNC_TYPE_LABELS)
+MEMORY_OP = enum_of(MEMORY_OPS)
+STACK_LAYER = enum_of(HOST_LAYERS)
 
 # ---------------------------------------------------------------------------------------------
 # Canonical frames (the load contract)
@@ -53,7 +93,7 @@ NVTX_STYLES = ("push_pop", "start_end", "mark")
 GPU_OPS = pl.Schema(
     {
         "trace_id": STR,
-        "kind": STR,  # kernel | memcpy | memset
+        "kind": GPU_OP_KIND,  # kernel | memcpy | memset
         "start_ns": I64,
         "end_ns": I64,
         "global_pid": I64,
@@ -62,11 +102,11 @@ GPU_OPS = pl.Schema(
         "context_id": I64,
         "stream_id": I64,
         "correlation_id": I64,
-        "name": STR,  # kernel short name, or the copy kind / "memset"
-        "demangled_name": STR,  # kernels: full demangled signature; else same as name
-        "copy_kind": STR,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
-        "src_kind": STR,  # pageable | pinned | device | managed | ... (memcpy only)
-        "dst_kind": STR,  # memcpy: destination memory kind; memset: the memory kind set
+        "name": CAT,  # kernel short name, or the copy kind / "memset"
+        "demangled_name": CAT,  # kernels: full demangled signature; else same as name
+        "copy_kind": CAT,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
+        "src_kind": CAT,  # pageable | pinned | device | managed | ... (memcpy only)
+        "dst_kind": CAT,  # memcpy: destination memory kind; memset: the memory kind set
         "bytes": I64,
         "graph_node_id": I64,
         "grid_x": I64,
@@ -75,7 +115,7 @@ GPU_OPS = pl.Schema(
         "block_x": I64,
         "block_y": I64,
         "block_z": I64,
-        "op_class": STR,  # one of OP_CLASSES
+        "op_class": OP_CLASS,  # one of OP_CLASSES
     }
 )
 
@@ -89,9 +129,9 @@ CUDA_API = pl.Schema(
         "pid": I64,
         "tid": I64,
         "correlation_id": I64,
-        "name": STR,  # version suffix (_v7000) stripped
-        "api_class": STR,  # one of API_CLASSES
-        "layer": STR,  # runtime | driver
+        "name": CAT,  # version suffix (_v7000) stripped
+        "api_class": API_CLASS,  # one of API_CLASSES
+        "layer": API_LAYER,  # runtime | driver
         "return_value": I64,
     }
 )
@@ -109,10 +149,10 @@ NVTX = pl.Schema(
         "pid": I64,
         "tid": I64,
         "end_global_tid": I64,  # null unless a start/end range ended on another thread
-        "domain": STR,  # "" for the default domain
-        "name": STR,
+        "domain": CAT,  # "" for the default domain
+        "name": CAT,
         "category": I64,
-        "style": STR,  # push_pop | start_end | mark
+        "style": NVTX_STYLE,  # push_pop | start_end | mark
         "depth": I32,  # 0 = outermost on its thread (same-thread ranges only)
         "parent_range_id": I64,
         "unterminated": BOOL,  # end_ns == session end: the range was probably never closed
@@ -128,7 +168,7 @@ OSRT = pl.Schema(
         "global_tid": I64,
         "pid": I64,
         "tid": I64,
-        "name": STR,
+        "name": CAT,
     }
 )
 
@@ -143,7 +183,7 @@ SYNC = pl.Schema(
         "context_id": I64,
         "stream_id": I64,
         "correlation_id": I64,
-        "sync_type": STR,  # event_sync | stream_wait_event | stream_sync | context_sync | unknown
+        "sync_type": SYNC_TYPE,  # one of SYNC_TYPE_LABELS
     }
 )
 
@@ -154,7 +194,7 @@ OVERHEAD = pl.Schema(
         "end_ns": I64,
         "global_tid": I64,
         "pid": I64,
-        "name": STR,
+        "name": CAT,
     }
 )
 
@@ -238,7 +278,7 @@ CPU_SAMPLES = pl.Schema(
         "leaf_module": pl.Categorical(),
         # the host layer of the call stack (`host_taxonomy`: the leaf module's, an OS leaf
         # its nearest known caller's); null without a call chain
-        "stack_layer": pl.Enum(HOST_LAYERS),
+        "stack_layer": STACK_LAYER,
     }
 )
 CPU_STACKS = pl.Schema(
@@ -270,8 +310,8 @@ MEMORY_EVENTS = pl.Schema(
         "pid": I64,
         "device_id": I64,
         "bytes": I64,
-        "mem_kind": STR,  # device | pinned | managed | array | device_static | ... (snake_case)
-        "op": STR,  # alloc | free
+        "mem_kind": CAT,  # device | pinned | managed | array | device_static | ... (snake_case)
+        "op": MEMORY_OP,  # alloc | free
         "correlation_id": I64,  # of the CUDA API call that made it
         "pool_address": I64,  # local memory pool, null outside a pool (or not exported)
         "pool_size_bytes": I64,  # bytes the pool reserves after the event

@@ -368,6 +368,12 @@ class Adapter:
         lookup = self.strings.rename({"id": id_col, "value": out})
         return df.join(lookup, on=id_col, how="left", maintain_order="left")
 
+    def resolve_categorical(self, df: pl.DataFrame, id_col: str, out: str) -> pl.DataFrame:
+        """Add ``out`` = StringIds value of ``id_col`` as a Categorical (null when the id is
+        null or unknown): only the ids ``df`` uses are looked up, and each row gets a code,
+        never a copy of its text (`categorical`)."""
+        return df.with_columns(categorical(pl.col(id_col), self.strings, df[id_col]).alias(out))
+
     def enum_labels(self, table: str, fallback: Mapping[int, str]) -> pl.DataFrame:
         """(id, label) of an ENUM_* table as snake_case labels; the built-in ``fallback`` when
         the table is absent or empty (2022.4 writes empty CUDA enums for captures without
@@ -420,6 +426,25 @@ class Adapter:
         self._record(frame, self._quality.pop(frame, FrameQuality()), list(QUALITY_TABLES[frame]),
                      df.height)
         return df
+
+
+def categorical(key: pl.Expr, table: pl.DataFrame, used: pl.Series | None = None) -> pl.Expr:
+    """``key`` (integer) mapped through ``table`` (``id``, ``value``: unique ids) to a
+    Categorical, null where the key is null or not in the table.
+
+    Only the lookup is cast to Categorical (restricted to the ids in ``used`` when given: a
+    StringIds table holds every string of the trace), and the mapping gives every row the
+    code of its value: no per-row string is ever made, so a million kernels named by a few
+    hundred ~560-byte signatures cost 4 bytes each."""
+    if used is not None:
+        table = table.filter(pl.col("id").is_in(used.drop_nulls().unique().implode()))
+    return key.replace_strict(table["id"], table["value"].cast(schemas.CAT), default=None)
+
+
+def enum_mapped(key: pl.Expr, mapping: Mapping[int, str], dtype: pl.Enum) -> pl.Expr:
+    """``key`` (an integer code) mapped through ``mapping`` to the Enum ``dtype``; null where
+    the key is null or unmapped (a label outside ``dtype`` raises: the vocabulary is closed)."""
+    return key.replace_strict(mapping, default=None, return_dtype=dtype)
 
 
 def _as_type(column: str, dtype: pl.DataType, want: pl.DataType) -> pl.Expr:

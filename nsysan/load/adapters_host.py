@@ -20,6 +20,7 @@ from nsysan.load.adapters import (
     SYNCHRONIZATION,
     VERSION_SUFFIX,
     Adapter,
+    enum_mapped,
     global_pid_of,
     pid_of,
     sort_by_time,
@@ -66,19 +67,21 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
         .then(pl.lit("driver"))
         .otherwise(pl.lit("runtime"))
     )
-    names = names.select(name.alias("name"), api_class.alias("api_class"),
-                         by_name.alias("_layer"), "nameId")
+    # the lookup is cast once: every call then holds codes, no copy of its name
+    names = names.select(name.cast(schemas.CAT).alias("name"),
+                         api_class.cast(schemas.API_CLASS).alias("api_class"),
+                         by_name.cast(schemas.API_LAYER).alias("_layer"), "nameId")
     at = df["nameId"].replace_strict(
         names["nameId"], pl.int_range(names.height, eager=True), default=None,
         return_dtype=pl.UInt32,
     )
     df = df.with_columns(names[c].gather(at) for c in ("name", "api_class", "_layer"))
-    layer = (  # labels of at most 12 bytes: polars stores them inline, nothing is copied
+    layer = (
         pl.when(pl.col("eventClass") == 0)
-        .then(pl.lit("runtime"))
+        .then(pl.lit("runtime", dtype=schemas.API_LAYER))
         .when(pl.col("eventClass") == 1)
-        .then(pl.lit("driver"))
-        .otherwise(pl.col("_layer").fill_null(pl.lit("runtime")))
+        .then(pl.lit("driver", dtype=schemas.API_LAYER))
+        .otherwise(pl.col("_layer").fill_null(pl.lit("runtime", dtype=schemas.API_LAYER)))
     )
     df = df.select(
         start_ns="start",
@@ -89,7 +92,7 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
         tid=tid_of("globalTid"),
         correlation_id="correlationId",
         name="name",
-        api_class=pl.col("api_class").fill_null(pl.lit("other")),
+        api_class=pl.col("api_class").fill_null(pl.lit("other", dtype=schemas.API_CLASS)),
         layer=layer,
         return_value="returnValue",
     )
@@ -107,15 +110,11 @@ def build_sync(adapter: Adapter) -> pl.DataFrame | None:
     df = adapter.read(SYNCHRONIZATION, [*COMMON_COLUMNS], {"syncType": pl.Int64()},
                       DEFAULTED_COLUMNS)
     df = _clean(adapter, quality, adapter.default_process(df))
-    types = pl.DataFrame(
-        {"syncType": list(SYNC_TYPES), "sync_type": list(SYNC_TYPES.values())},
-        schema={"syncType": pl.Int64, "sync_type": pl.String},
-    )
 
     def valid(c: str) -> pl.Expr:
         return pl.when(pl.col(c) == CUPTI_INVALID_ID).then(None).otherwise(pl.col(c))
 
-    df = df.join(types, on="syncType", how="left", maintain_order="left").select(
+    df = df.select(
         start_ns="start",
         end_ns="end",
         global_pid="globalPid",
@@ -124,7 +123,8 @@ def build_sync(adapter: Adapter) -> pl.DataFrame | None:
         context_id=valid("contextId"),
         stream_id=valid("streamId"),
         correlation_id="correlationId",
-        sync_type=pl.col("sync_type").fill_null(pl.lit("unknown")),
+        sync_type=enum_mapped(pl.col("syncType"), SYNC_TYPES, schemas.SYNC_TYPE).fill_null(
+            pl.lit("unknown", dtype=schemas.SYNC_TYPE)),
     )
     df = _sync_type_from_api(adapter, df)
     return adapter.finish(sort_by_time(df), schemas.SYNC)
@@ -141,11 +141,12 @@ def _sync_type_from_api(adapter: Adapter, df: pl.DataFrame) -> pl.DataFrame:
         .select("global_pid", "correlation_id", "name")
         .filter(pl.col("correlation_id").is_in(df["correlation_id"].unique().implode()))
     )
-    by_api = pl.lit(None, dtype=pl.String)
+    # the regexes run on the distinct names (as text), the labels join back by the name
+    name = pl.col("name").cast(pl.String)
+    by_api = pl.lit(None, dtype=schemas.SYNC_TYPE)
     for label, pattern in reversed(SYNC_TYPE_BY_API):
-        by_api = pl.when(pl.col("name").str.contains(pattern)).then(pl.lit(label)).otherwise(
-            by_api
-        )
+        by_api = pl.when(name.str.contains(pattern)).then(
+            pl.lit(label, dtype=schemas.SYNC_TYPE)).otherwise(by_api)
     labels = api.select("name").unique().with_columns(by_api.alias("_by_api"))
     api = api.join(
         df.select("global_pid", "correlation_id").unique(),
@@ -172,7 +173,7 @@ def build_osrt(adapter: Adapter) -> pl.DataFrame | None:
     # eventClass 31/32 rows are zero-length "profiling started/finished" markers, not calls
     df = df.filter(pl.col("eventClass").is_null() | (pl.col("eventClass") == 27))
     df = _clean(adapter, quality, df)
-    df = adapter.resolve(df, "nameId", "name").select(
+    df = adapter.resolve_categorical(df, "nameId", "name").select(
         start_ns="start",
         end_ns="end",
         global_tid="globalTid",
@@ -189,7 +190,7 @@ def build_overhead(adapter: Adapter) -> pl.DataFrame | None:
     quality = adapter.quality("overhead")
     df = adapter.read("PROFILER_OVERHEAD", ["start", "end", "globalTid", "nameId"])
     df = _clean(adapter, quality, df)
-    df = adapter.resolve(df, "nameId", "name").select(
+    df = adapter.resolve_categorical(df, "nameId", "name").select(
         start_ns="start",
         end_ns="end",
         global_tid="globalTid",

@@ -23,7 +23,14 @@ import polars as pl
 
 from nsysan.frames import schemas
 from nsysan.frames.order import break_ties
-from nsysan.load.adapters import MEM_KINDS, Adapter, global_pid_of, pid_of
+from nsysan.load.adapters import (
+    MEM_KINDS,
+    Adapter,
+    categorical,
+    enum_mapped,
+    global_pid_of,
+    pid_of,
+)
 from nsysan.load.quality import drop_duplicate_rows, drop_impossible
 
 TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
@@ -52,10 +59,8 @@ def build_memory_events(adapter: Adapter) -> pl.DataFrame | None:
     df = drop_duplicate_rows(df, quality, start="start")
     kinds = adapter.enum_labels("ENUM_CUDA_MEM_KIND", MEM_KINDS)
     df = df.with_columns(
-        pl.col("memKind").replace_strict(kinds["id"], kinds["label"], default=None,
-                                         return_dtype=pl.String).alias("mem_kind"),
-        pl.col(oper).replace_strict(OPERATIONS, default=None, return_dtype=pl.String)
-        .alias("op"),
+        categorical(pl.col("memKind"), kinds.rename({"label": "value"})).alias("mem_kind"),
+        enum_mapped(pl.col(oper), OPERATIONS, schemas.MEMORY_OP).alias("op"),
         global_pid_of("globalPid").alias("global_pid"),
         pid_of("globalPid").alias("pid"),
     ).rename({"start": "start_ns", "deviceId": "device_id", **_OPTIONAL})

@@ -87,7 +87,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         "pid",
         "domainId",
         "start",
-        pl.coalesce("text", "domain_text").alias("domain"),
+        pl.coalesce("text", "domain_text").cast(schemas.CAT).alias("domain"),
     )
     # a domain can be created more than once in a process: the earliest create names it
     domains = (
@@ -98,7 +98,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
 
     styles = pl.DataFrame(
         {"eventType": list(STYLE_OF_EVENT_TYPE), "style": list(STYLE_OF_EVENT_TYPE.values())},
-        schema={"eventType": pl.Int64, "style": pl.String},
+        schema={"eventType": pl.Int64, "style": schemas.NVTX_STYLE},
     )
     ev = raw.join(styles, on="eventType", how="inner", maintain_order="left")
     # The data-quality rules (nsysan.load.quality) on the events: a range whose end is before
@@ -108,7 +108,10 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
     ev = drop_impossible(ev, quality, adapter.session, ranged=pl.col("style") != "mark")
     ev = drop_duplicate_rows(ev, quality, start="start",
                              columns=[c for c in ev.columns if c not in ("row", "range_id")])
-    ev = adapter.resolve(ev, "textId", "text_value")
+    # names as Categoricals: the inline texts (read as text) are cast once, the StringIds
+    # ones mapped through a lookup of the ids the events use
+    ev = adapter.resolve_categorical(ev.with_columns(pl.col("text").cast(schemas.CAT)),
+                                     "textId", "text_value")
     ev = adapter.resolve(ev, "jsonTextId", "json_value")
     ev = ev.join(domains, on=["pid", "domainId"], how="left", maintain_order="left")
 
@@ -133,7 +136,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         tid=tid_of("globalTid"),
         end_global_tid="endGlobalTid",
         domain=pl.when(pl.col("domainId").fill_null(0) == 0)
-        .then(pl.lit(""))
+        .then(pl.lit("", dtype=schemas.CAT))
         .otherwise(pl.col("domain")),
         name=pl.coalesce("text", "text_value"),
         category="category",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsysan.frames import host_taxonomy as ht
+from nsysan.frames import schemas
 from nsysan.load.adapters import Adapter
 from nsysan.load.quality import FrameQuality
 from nsysan.load.source import Cond
@@ -38,7 +39,7 @@ SUMMARY = pl.Schema({
     "id": pl.Int64,
     "leaf_symbol": pl.Categorical(),
     "leaf_module": pl.Categorical(),
-    "stack_layer": pl.Enum(ht.HOST_LAYERS),
+    "stack_layer": schemas.STACK_LAYER,
 })
 _OS = ht.HOST_LAYERS.index("os")
 _UNKNOWN = ht.HOST_LAYERS.index("unknown")
@@ -107,7 +108,7 @@ def _filtered_summary(adapter: Adapter) -> pl.DataFrame | None:
         pl.when(pl.col("leaf_code") == _OS)
         .then(pl.coalesce("caller_code", pl.lit(_OS, pl.UInt8)))
         .otherwise("leaf_code")).to_series()
-    names = pl.Series(ht.HOST_LAYERS, dtype=pl.Enum(ht.HOST_LAYERS))
+    names = pl.Series(ht.HOST_LAYERS, dtype=schemas.STACK_LAYER)
     return pl.DataFrame({
         "id": leaves["id"],
         "leaf_symbol": _texts(adapter, leaves["symbol"]),

@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.text import per_value
 
 MPI_COLLECTIVE_RE = (
     r"^MPI_(Allreduce|Reduce|Bcast|Barrier|Allgather|Allgatherv|Alltoall|Alltoallv|Alltoallw"
@@ -71,9 +72,11 @@ def mpi_events(nvtx: pl.DataFrame, rank_rows: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=EVENT_SCHEMA)
     return (
         nvtx.lazy()
-        .filter((pl.col("style") != "mark") & pl.col("name").str.contains(MPI_COLLECTIVE_RE)
+        .filter((pl.col("style") != "mark")
+                & per_value(nvtx, "name", pl.col("name").str.contains(MPI_COLLECTIVE_RE))
                 .fill_null(False))
         .join(rank_rows.lazy().select("pid", "rank", "trace_index"), on="pid")
+        .with_columns(pl.col("name").cast(pl.String))  # (the MPI calls: a few per step)
         .select(
             "rank", "trace_index", pl.lit("mpi").alias("kind"), pl.col("name").alias("key"),
             "name", pl.lit(False).alias("p2p"),

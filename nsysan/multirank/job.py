@@ -28,6 +28,7 @@ from nsysan.errors import ConfigError, TraceFormatError
 from nsysan.escape import md_cell, md_text
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.load.files import check_openable
 from nsysan.load.files import job_files as job_files  # re-exported: it lived here
@@ -174,9 +175,11 @@ def _local_metrics(trace: Trace, rows: pl.DataFrame) -> pl.DataFrame:
              (pl.col("end_ns") - pl.col("start_ns") - pl.col("covered_ns")).sum()
              .alias("exposed_comm_ns"))
     )
+    nvtx = trace.frame("nvtx")
     host = iv.total(
-        trace.frame("nvtx").filter(
-            (pl.col("style") != "mark") & pl.col("name").str.contains(MPI_OR_NCCL_API_RE)
+        nvtx.filter(
+            (pl.col("style") != "mark")
+            & per_value(nvtx, "name", pl.col("name").str.contains(MPI_OR_NCCL_API_RE))
             .fill_null(False)
         ), by, name="host_comm_ns",
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.load.environment import RANK_VARS as RANK_VARS  # re-exported: they lived here
 from nsysan.load.environment import WORLD_SIZE_VARS as WORLD_SIZE_VARS
@@ -88,7 +89,8 @@ def rank_processes(trace: Trace) -> pl.DataFrame:
         )
         return per.sort("pid").select("pid", "global_pid", "device_id", "_n_dev")
     nvtx = trace.frame("nvtx")
-    cpu = nvtx.filter(pl.col("name").str.contains(MPI_OR_NCCL_API_RE).fill_null(False))
+    cpu = nvtx.filter(per_value(nvtx, "name", pl.col("name").str.contains(MPI_OR_NCCL_API_RE))
+                      .fill_null(False))
     if cpu.is_empty():
         cpu = trace.frame("cuda_api")
     return (
@@ -113,7 +115,8 @@ def _per_process_evidence(trace: Trace, procs: pl.DataFrame) -> pl.DataFrame:
     nvtx = trace.frame("nvtx")
     payload_rank = (
         nvtx.lazy()
-        .filter(pl.col("name").str.contains(_COMM_INIT_RE).fill_null(False))
+        .filter(per_value(nvtx, "name", pl.col("name").str.contains(_COMM_INIT_RE))
+                .fill_null(False))
         .select("pid", pl.col("payload_json").str.extract(_PAYLOAD_RANK_RE, 1).cast(pl.Int64)
                 .alias("r"))
         .drop_nulls()

@@ -33,6 +33,8 @@ import polars as pl
 
 from nsysan.escape import md_code
 from nsysan.frames import intervals as iv
+from nsysan.frames import schemas
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import Finding
 
@@ -46,7 +48,7 @@ _CAUSE_WORDS = {"compute": "GPU compute", "data_loading": "data loading",
 def rank_intervals(traces: Sequence[Trace], ranks: pl.DataFrame, offsets: pl.DataFrame,
                    data_pattern: str) -> pl.DataFrame:
     """``rank, cat, name, start_ns, end_ns`` in job time: the activity categories of every
-    rank process (see the module doc)."""
+    rank process (see the module doc); ``name`` Categorical, as in the frames."""
     parts = []
     for t_index, trace in enumerate(traces):  # one iteration per profile
         rows = ranks.filter(pl.col("trace_index") == t_index).select("pid", "rank")
@@ -56,8 +58,10 @@ def rank_intervals(traces: Sequence[Trace], ranks: pl.DataFrame, offsets: pl.Dat
         sel = [pl.col("start_ns") + off, pl.col("end_ns") + off]
         compute = trace.frame("gpu_ops").lazy().filter(pl.col("op_class") == "compute").select(
             "pid", pl.lit("compute").alias("cat"), "name", *sel)
-        data = trace.frame("nvtx").lazy().filter(
-            (pl.col("style") != "mark") & pl.col("name").str.contains(data_pattern)
+        nvtx = trace.frame("nvtx")
+        data = nvtx.lazy().filter(
+            (pl.col("style") != "mark")
+            & per_value(nvtx, "name", pl.col("name").str.contains(data_pattern))
             .fill_null(False)
         ).select("pid", pl.lit("data_loading").alias("cat"), "name", *sel)
         sync = trace.frame("cuda_api").lazy().filter(pl.col("api_class") == "sync").select(
@@ -67,7 +71,7 @@ def rank_intervals(traces: Sequence[Trace], ranks: pl.DataFrame, offsets: pl.Dat
         parts.append(
             pl.concat([compute, data, sync, osrt]).join(rows.lazy(), on="pid").drop("pid")
         )
-    schema = {"cat": pl.String, "name": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64,
+    schema = {"cat": pl.String, "name": schemas.CAT, "start_ns": pl.Int64, "end_ns": pl.Int64,
               "rank": pl.Int64}
     if not parts:
         return pl.DataFrame(schema=schema)

@@ -45,6 +45,7 @@ from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
 from nsysan.frames.sweeps import cell_sums
+from nsysan.frames.text import as_text, is_encoded
 from nsysan.frames.trace import Trace
 from nsysan.passes import attribution_sums as sums
 from nsysan.passes import device_blocks, op_link
@@ -181,7 +182,7 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
     # Names repeat a lot (one per layer call): naming the layer of each distinct name, not
     # of each range, runs the regexes over a few hundred strings instead of millions.
     nid, rep = _name_ids(ranges)
-    names = ranges.select("domain", "name")[rep]
+    names = as_text(ranges.select("domain", "name")[rep])  # one row per distinct name
     layer = layer_name(pl.col("name")) if group_numbered else pl.col("name")
     names = names.with_columns(layer.alias("_layer")).with_row_index("_nid")
     layer_tab = (
@@ -196,15 +197,16 @@ def _layer_ids(ranges: pl.DataFrame, group_numbered: bool) -> tuple[pl.DataFrame
 
 
 def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """A dense id of every range's ``(domain, name)`` and one row of every id. Enum codes of
-    the two strings (a hash per string, no group-by building lists of rows; an Enum of the
-    column's own values, so no process-wide categorical state), packed into one integer and
-    made dense by a table of the codes present (or a sort)."""
+    """A dense id of every range's ``(domain, name)`` and one row of every id. The codes of
+    the two Categoricals (of a String column: of an Enum of its own values, a hash per
+    string; no group-by building lists of rows), packed into one integer and made dense by
+    a table of the codes present (or a sort)."""
     if ranges.is_empty():
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     domain, name = (
-        ranges[c].cast(pl.Enum(ranges[c].unique().drop_nulls())).to_physical()
-        .cast(pl.Int64).fill_null(-1).to_numpy() + 1
+        (ranges[c] if is_encoded(ranges[c].dtype)
+         else ranges[c].cast(pl.Enum(ranges[c].unique().drop_nulls())))
+        .to_physical().cast(pl.Int64).fill_null(-1).to_numpy() + 1
         for c in ("domain", "name")
     )
     if (int(domain.max()) + 1) * (int(name.max()) + 1) >= 1 << 62:  # huge codes: rank them

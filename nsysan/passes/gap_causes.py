@@ -154,8 +154,11 @@ def evidence(
     ``calls`` is `launch_calls`.
     """
     api_frame = trace.frame("cuda_api").lazy()
+    # Evidence labels are text (they end up in ``cause_detail``): the names of the few rows
+    # in gap windows are cast, never a whole frame's.
     api = _prune(trace.frame("cuda_api"), windows).select(
-        "pid", "global_pid", "correlation_id", "name", "api_class", "start_ns", "end_ns"
+        "pid", "global_pid", "correlation_id", pl.col("name").cast(pl.String), "api_class",
+        "start_ns", "end_ns"
     )
     pageable = (
         ops.filter(
@@ -187,26 +190,28 @@ def evidence(
     )
     # CUPTI sync records: labelled with the API that waited when it can be joined. The few
     # records in gaps are found first, so the name join reads only their calls.
-    blocking = pl.col("sync_type").fill_null("") != "stream_wait_event"
+    blocking = pl.col("sync_type").ne_missing("stream_wait_event")
     sync = _prune(trace.frame("sync"), windows).filter(blocking).collect()
     waited = api_frame.filter(
         pl.col("correlation_id").is_in(sync["correlation_id"].drop_nulls().implode())
-    ).select(*OP_KEY, pl.col("name").alias("_api"))
+    ).select(*OP_KEY, pl.col("name").cast(pl.String).alias("_api"))
     sync_ev = sync.lazy().join(waited, on=OP_KEY, how="left").select(
         "pid",
         pl.lit("sync_api").alias("cat"),
-        pl.coalesce("_api", pl.col("sync_type").fill_null("sync")).alias("label"),
+        pl.coalesce("_api", pl.col("sync_type").cast(pl.String).fill_null("sync")).alias("label"),
         "start_ns",
         "end_ns",
     )
     ovh_ev = _prune(trace.frame("overhead"), windows).select(
-        "pid", pl.lit("profiler_overhead").alias("cat"), pl.col("name").alias("label"),
+        "pid", pl.lit("profiler_overhead").alias("cat"),
+        pl.col("name").cast(pl.String).alias("label"),
         "start_ns", "end_ns",
     )
     proc = pl.concat([api_ev.select(proc_cols), sync_ev, ovh_ev], how="vertical_relaxed")
 
     osrt_ev = _prune(trace.frame("osrt"), windows).select(
-        "global_tid", pl.lit("osrt_wait").alias("cat"), pl.col("name").alias("label"),
+        "global_tid", pl.lit("osrt_wait").alias("cat"),
+        pl.col("name").cast(pl.String).alias("label"),
         "start_ns", "end_ns",
     )
     nvtx_ev = _nvtx_evidence(trace, calls, windows, nvtx_exclude_domains)
@@ -221,7 +226,8 @@ def _nvtx_evidence(
     # Cut to the ranges in gaps first: the string tests below then read a few rows, not all.
     ranges = (
         _prune(trace.frame("nvtx"), windows).select(
-            "global_tid", "end_global_tid", "style", "domain", "name", "start_ns", "end_ns"
+            "global_tid", "end_global_tid", "style", pl.col("domain").cast(pl.String),
+            pl.col("name").cast(pl.String), "start_ns", "end_ns"
         )
         .collect()
         .filter(

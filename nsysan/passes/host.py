@@ -136,8 +136,13 @@ def _in_cuda_call(trace: Trace, os_samples: pl.DataFrame) -> pl.Series:
 def sample_layers(trace: Trace, samples: pl.DataFrame) -> pl.DataFrame:
     """``samples`` (cpu_samples, in its order) with ``layer`` (see the module docstring), an
     Enum of `HOST_LAYERS`: the rules work on its one-byte codes, the tables print names."""
-    # the layer its call stack gives (`host_taxonomy`); no call chain: unknown
-    code = samples["stack_layer"].to_physical().fill_null(ht.HOST_LAYERS.index("unknown"))
+    # the layer its call stack gives (`host_taxonomy`); no call chain: unknown. The frame's
+    # Enum lists the layers alphabetically (it sorts like their names), the pass's in
+    # `HOST_LAYERS` order (the tables' order): codes are translated through a table.
+    frame_layers = schemas.STACK_LAYER.categories.to_list()
+    to_pass = pl.Series([ht.HOST_LAYERS.index(x) for x in frame_layers], dtype=pl.UInt8)
+    code = to_pass.gather(samples["stack_layer"].to_physical()).fill_null(
+        ht.HOST_LAYERS.index("unknown"))
     is_os = code == ht.HOST_LAYERS.index("os")
     in_call = _in_cuda_call(trace, samples.select("global_tid", "time_ns").filter(is_os))
     driver_wait = pl.Series([False] * samples.height, dtype=pl.Boolean).scatter(

@@ -48,8 +48,7 @@ class KernelsParams:
 def run(trace: Trace, params: KernelsParams, results: Results) -> PassResult:
     trace_id = trace.trace_id
     ops = trace.gpu_ops
-    # Demangled names run to hundreds of bytes: coalescing copies every one of them, so the
-    # fallback to the short name is spelled out only when some op lacks a demangled name.
+    # The fallback to the short name is spelled out only when some op lacks a demangled name.
     name = pl.col("demangled_name")
     if ops.get_column("demangled_name").null_count():
         name = pl.coalesce("demangled_name", "name").alias("demangled_name")
@@ -124,10 +123,10 @@ def _summary(launched: pl.DataFrame, tiny_ns: int) -> pl.DataFrame:
     ]
     if any(launched[c].null_count() for c in _MODES):  # (a null mode: the plain form)
         return launched.group_by("demangled_name").agg(
-            *(pl.col(c).mode().sort().first() for c in _MODES), *aggs)
-    # Demangled names run to hundreds of bytes: grouping a million of them hashes every
-    # byte, and each mode hashed its group's names again. Cast once to categorical codes;
-    # every grouping then runs on integers and the names are decoded per group.
+            *(pl.col(c).mode().sort().first() for c in _MODES), *aggs).with_columns(
+            pl.col("demangled_name", *_MODES).cast(pl.String))
+    # Every grouping runs on categorical codes (the names are Categorical in gpu_ops, the
+    # op class an Enum) and the names are decoded per group.
     cat = launched.with_columns(pl.col("demangled_name", *_MODES).cast(pl.Categorical))
     out = cat.group_by("demangled_name").agg(aggs).with_columns(
         pl.col("demangled_name").cast(pl.String))

@@ -466,7 +466,7 @@ def _innermost_ranges(trace: Trace, calls: pl.DataFrame) -> pl.DataFrame:
     """Per row of ``calls`` (``global_tid``, ``api_start_ns``, ``api_end_ns``): the innermost
     NVTX range of that thread that contains the call (nulls when none)."""
     none = pl.DataFrame({"nvtx_range_id": pl.Series([None] * calls.height, dtype=pl.Int64),
-                         "nvtx_name": pl.Series([None] * calls.height, dtype=pl.String)})
+                         "nvtx_name": pl.Series([None] * calls.height, dtype=schemas.CAT)})
     if not trace.has("nvtx") or trace.nvtx.is_empty() or calls.is_empty():
         return none
     ranges = trace.nvtx.filter(

@@ -39,6 +39,7 @@ import polars as pl
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import Finding, PassResult, PassSpec, Results
@@ -135,8 +136,11 @@ def _issued_by(trace: Trace, launches: pl.LazyFrame) -> pl.LazyFrame:
         return pl.LazyFrame(schema=out_schema)
     ranges = (
         nvtx.lazy()
-        # NCCL's API ranges all start with "nccl": a prefix test spares the regex most rows.
-        .filter((pl.col("style") != "mark") & pl.col("name").str.starts_with("nccl"))
+        # NCCL's API ranges all start with "nccl": a prefix test (once per distinct name)
+        # spares the regex most rows; the few left are named as text.
+        .filter((pl.col("style") != "mark")
+                & per_value(nvtx, "name", pl.col("name").str.starts_with("nccl")))
+        .with_columns(pl.col("name").cast(pl.String))
         .with_columns(api_op().alias("_op"))
         .filter(pl.col("_op").is_not_null())
         .select(
@@ -204,7 +208,9 @@ def _n_ranks(trace: Trace, params: NcclParams, kernels: pl.DataFrame) -> pl.Data
     # name (a lazy plan would fuse both tests into one predicate over every row).
     from_payload = (
         nvtx.select("pid", "name", "payload_json")
-        .filter(pl.col("name").str.starts_with("ncclComm").fill_null(False))
+        .filter(per_value(nvtx, "name", pl.col("name").str.starts_with("ncclComm"))
+                .fill_null(False))
+        .with_columns(pl.col("name").cast(pl.String))
         .lazy()
         .filter(pl.col("name").str.contains(_COMM_INIT_RE).fill_null(False))
         .select("pid", pl.col("payload_json").str.extract(_N_RANKS_RE, 1).cast(pl.Int64)
@@ -274,9 +280,11 @@ def _nccl_table(
     ).drop("op_class")
     if kern.is_empty():
         return schemas.empty(schemas.NCCL), 0
-    names = parse_kernel_names(kern["kernel_name"].unique()).rename(
+    # each distinct kernel name parsed once, as text; joined back by the Categorical name
+    distinct = kern["kernel_name"].unique()
+    names = parse_kernel_names(distinct.cast(pl.String)).rename(
         {"name": "kernel_name", "op": "kernel_op"}
-    )
+    ).with_columns(pl.col("kernel_name").cast(distinct.dtype))
     launches = _launches(trace, kern)
     kern = kern.drop("_api_row")
     issued = _issued_by(trace, launches)

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import intervals as iv
+from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 
@@ -30,14 +31,15 @@ def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | 
         match = (pl.col("name") == params.range_name) | pl.col("name").str.contains(pat)
     else:
         match = pl.col("name").str.contains(params.name_pattern)
+    # the regexes run once per distinct name (`text.per_value`)
     cand = nvtx.lazy().filter(
         (pl.col("style") != "mark")
         & (pl.col("end_ns") > pl.col("start_ns"))
         & (pl.col("end_global_tid").is_null() | (pl.col("end_global_tid") == pl.col("global_tid")))
-        & match.fill_null(False)
-    ).select("global_tid", "global_pid", "pid", "start_ns", "end_ns", _name_key().alias("key"))
-    # Collected once: both the choice of the group and its instances read it, and a lazy
-    # frame would run the regex over every NVTX name for each.
+        & per_value(nvtx, "name", match.fill_null(False))
+    ).select("global_tid", "global_pid", "pid", "start_ns", "end_ns",
+             per_value(nvtx, "name", _name_key()).alias("key"))
+    # Collected once: both the choice of the group and its instances read it.
     cand = cand.collect().lazy()
     groups = (
         cand.group_by("global_tid", "key")

@@ -107,7 +107,8 @@ def classify(names: pl.DataFrame | pl.LazyFrame, name_col: str = "demangled_name
              fallback_col: str | None = "short_name") -> pl.LazyFrame:
     """Append ``tensor_core`` (Boolean, null = unknown) and ``tensor_core_rule`` to ``names``.
 
-    Each distinct name is matched once, so the cost is the number of distinct kernel names.
+    Each distinct name is matched once (as text, whether the column is String or
+    Categorical), so the cost is the number of distinct kernel names.
     """
     lf = names.lazy()
     key = pl.col(name_col)
@@ -119,7 +120,7 @@ def classify(names: pl.DataFrame | pl.LazyFrame, name_col: str = "demangled_name
     )
     distinct = (
         lf.select("_tc_key").unique()
-        .with_columns(rule_expr(pl.col("_tc_key")).alias("tensor_core_rule"))
+        .with_columns(rule_expr(pl.col("_tc_key").cast(pl.String)).alias("tensor_core_rule"))
         .join(verdicts, on="tensor_core_rule", how="left")
         .select("_tc_key", "tensor_core", "tensor_core_rule")
     )

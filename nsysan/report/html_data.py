@@ -73,15 +73,18 @@ class _Strings:
         self._index: dict[str, int] = {}
 
     def index(self, names: pl.Series) -> np.ndarray:
-        """The table index of each of ``names`` (null -> the empty string)."""
-        s = names.cast(pl.String).fill_null("")
+        """The table index of each of ``names`` (null -> the empty string). Categorical
+        names stay codes: only the distinct ones become text."""
+        encoded = isinstance(names.dtype, (pl.Categorical, pl.Enum))
+        s = (names.cast(pl.Categorical) if encoded else names.cast(pl.String)).fill_null("")
         uniq = s.unique(maintain_order=True).to_list()
         for u in uniq:
             if u not in self._index:
                 self._index[u] = len(self.values)
                 self.values.append(u)
         mapping = pl.DataFrame({"_n": uniq, "_i": [self._index[u] for u in uniq]},
-                               schema={"_n": pl.String, "_i": pl.UInt32})
+                               schema={"_n": pl.String, "_i": pl.UInt32}
+                               ).with_columns(pl.col("_n").cast(s.dtype))
         return (pl.DataFrame({"_n": s}).join(mapping, on="_n", how="left",
                                              maintain_order="left")["_i"].to_numpy())
 

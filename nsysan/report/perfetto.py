@@ -245,6 +245,10 @@ class _Writer:
 
 
 def _names(col: pl.Series) -> pl.Series:
+    """Slice names: a Categorical stays one (interning maps its codes, no string per
+    slice), anything else becomes String; null is ``""``."""
+    if isinstance(col.dtype, (pl.Categorical, pl.Enum)):
+        return col.cast(pl.Categorical).fill_null("")
     return col.cast(pl.String).fill_null("")
 
 
