@@ -174,15 +174,18 @@ SPECS += (
     ),
     FindingSpec(
         code="CPU_CONTENTION",
-        title="CPU contention: the launching thread is descheduled while the GPU idles",
+        title="CPU contention: threads that feed the GPU wait for a CPU while it idles",
         layer="hardware",
         severity_rule=(
-            "Device gaps in which the primary launching thread was off-CPU without blocking "
-            "for >= 50% of the gap (switched out while still running, where the export "
-            "records thread states at switches; otherwise off-CPU time not covered by an "
-            "OS-runtime or "
-            "CUDA synchronization call, which needs `--trace=osrt`); at least 3 such gaps. "
-            "warning when that time is >= 5% of steady-state device time, critical at >= 20%."
+            "Device gaps in which, for >= 50% of the gap, the primary launching thread or a "
+            "communication thread (NCCL proxy, MPI progress: samples mostly in the "
+            "communication layer) was off-CPU without blocking, or more threads of the "
+            "process tree wanted a CPU than the CPUs it ran on. Off-CPU without blocking: "
+            "switched out while still running, where the export records thread states at "
+            "switches; otherwise off-CPU time not covered by an OS-runtime or CUDA "
+            "synchronization call, which needs `--trace=osrt`. At least 3 such gaps; "
+            "warning when the contended time is >= 5% of steady-state device time, critical "
+            "at >= 20%."
         ),
         advice=(
             "Give the launching and communication threads their own cores: bind processes to "
@@ -191,11 +194,12 @@ SPECS += (
             "num_workers) to the cores available."
         ),
         quick_check=(
-            "host_gaps.parquet: unblocked_off_cpu_ns of the primary launcher; on the timeline, "
-            "the thread's row is empty (not running) during GPU gaps while other threads run "
-            "on its CPUs."
+            "host_gaps.parquet: unblocked_off_cpu_ns of the primary launcher and the "
+            "communication threads, oversubscribed_ns; host_threads.parquet: n_migrations; "
+            "on the timeline, the thread's row is empty (not running) during GPU gaps while "
+            "other threads run on its CPUs."
         ),
-        nothing_found="The launching threads are not descheduled while the GPU idles.",
+        nothing_found="The threads that feed the GPU are not kept from a CPU while it idles.",
         needs=("host_threads", "host_gaps"),
     ),
 )

@@ -10,8 +10,9 @@ Thresholds (documented in the catalogue's severity rules):
 - a gap is **CPU-bound** when the device's primary launching thread was busy for >= 80% of
   it (on-CPU share from ``sched``; without scheduling data, samples x period / gap) and at
   least half of its samples in the gap are in the framework or data-pipeline layers;
-- a gap is **descheduled** when the primary launcher's unblocked off-CPU time
-  (``host_gaps.unblocked_off_cpu_ns``) is >= 50% of it.
+- a gap is **contended** when, for >= 50% of it, the primary launcher or a communication
+  thread was off-CPU without blocking (``host_gaps.unblocked_off_cpu_ns``) or more threads of
+  the process tree wanted a CPU than it ran on (``host_gaps.oversubscribed_ns``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import replace
 
 import polars as pl
 
+from nsysan.escape import md_code
 from nsysan.findings.baseline import Verdict
 from nsysan.findings.context import Context, NotEvaluated
 from nsysan.findings.evidence import (
@@ -163,8 +165,33 @@ def waits_on_gpu(ctx: Context) -> list[Finding]:
     return [make_finding("HOST_WAITS_ON_GPU", "info", msg, ev, pid=int(main["pid"]))]
 
 
+def _contention_rows(ctx: Context, gaps: pl.DataFrame) -> pl.DataFrame:
+    """One row per device gap in the window: the primary launcher's unblocked off-CPU time
+    (``_l``), the most descheduled communication thread's (``_c``, its ``_c_tid``), and the
+    oversubscribed time (``_o``); ``_lost``: the largest of the three."""
+    rows = gaps
+    if ctx.window is not None:
+        t0, t1 = ctx.window
+        rows = rows.filter(pl.col("gap_start_ns").is_between(t0, t1, closed="left"))
+    keys = ["device_id", "gap_start_ns"]
+    launcher = rows.filter(pl.col("primary_launcher")).select(
+        *keys, "gap_end_ns", "duration_ns", "pid", _l="unblocked_off_cpu_ns",
+        _l_tid="tid", _o="oversubscribed_ns")
+    comm = (rows.filter(pl.col("role") == "communication")
+            .sort([*keys, "unblocked_off_cpu_ns", "global_tid"],
+                  descending=[False, False, True, False], nulls_last=True)
+            .group_by(keys, maintain_order=True)
+            .agg(_c=pl.col("unblocked_off_cpu_ns").first(), _c_tid=pl.col("tid").first()))
+    out = launcher.join(comm, on=keys, how="left", maintain_order="left")
+    return out.with_columns(
+        _lost=pl.max_horizontal(pl.col("_l").fill_null(0), pl.col("_c").fill_null(0),
+                                pl.col("_o").fill_null(0)).clip(upper_bound=pl.col(
+                                    "duration_ns")))
+
+
 def contention(ctx: Context) -> list[Finding]:
-    """CPU_CONTENTION: the launcher could run but had no CPU while the GPU idled."""
+    """CPU_CONTENTION: while the GPU idled, the launching or a communication thread could
+    run but had no CPU, or the process's threads wanted more CPUs than it ran on."""
     threads, gaps = _need_host(ctx)
     rule = ctx.metric("deschedule_rule")
     if rule is None:
@@ -173,39 +200,64 @@ def contention(ctx: Context) -> list[Finding]:
             "need OS-runtime calls to tell sleeping from waiting for a CPU; "
             f"record with `{HOW_TO_RECORD} --trace=cuda,osrt`")
     total = _device_time(ctx)
-    rows = _window_gaps(ctx, gaps).filter(pl.col("unblocked_off_cpu_ns").is_not_null())
-    hit = rows.filter(pl.col("unblocked_off_cpu_ns")
-                      >= DESCHEDULED_MIN_FRAC * pl.col("duration_ns"))
+    rows = _contention_rows(ctx, gaps)
+    half = DESCHEDULED_MIN_FRAC * pl.col("duration_ns")
+    hit = rows.filter(pl.col("_lost") >= half)
     if hit.height < MIN_GAPS:
         return []
-    lost = int(hit["unblocked_off_cpu_ns"].sum())
+    lost = int(hit["_lost"].sum())
     share = lost / total
     sev = grade(share, GAP_WARN_FRAC, GAP_CRIT_FRAC)
     if sev is None:
         return []
-    tid = int(hit["tid"][0])
+    by = {k: hit.filter(pl.col(c).fill_null(0) >= half)
+          for k, c in (("launcher", "_l"), ("comm", "_c"), ("over", "_o"))}
+    tid = int(hit["_l_tid"][0])
     me = threads.filter(pl.col("tid") == tid)
     migrations = int(me["n_migrations"].sum()) if me.height else 0
     switches = int(me["n_switches"].sum()) if me.height else 0
-    how = ("the thread state at each switch-out says it was still runnable"
+    cpus = ctx.metric("cpus_seen")
+    parts = []
+    if by["launcher"].height:
+        parts.append(f"the launching thread (tid {tid}) was off-CPU without blocking for "
+                     f"{fmt_ns(int(by['launcher']['_l'].sum()))} in {by['launcher'].height} "
+                     f"of them")
+    if by["comm"].height:
+        ctid = int(by["comm"]["_c_tid"][0])
+        name = threads.filter(pl.col("tid") == ctid)["name"].drop_nulls().head(1).to_list()
+        parts.append(f"the communication thread {md_code(name[0], 60) + ' ' if name else ''}"
+                     f"(tid {ctid}) was off-CPU without blocking for "
+                     f"{fmt_ns(int(by['comm']['_c'].sum()))} in {by['comm'].height} of them")
+    if by["over"].height:
+        parts.append(f"more of the process's threads wanted a CPU than the {cpus} CPUs it "
+                     f"ran on for {fmt_ns(int(by['over']['_o'].sum()))} in "
+                     f"{by['over'].height} of them")
+    how = ("the thread state at each switch-out says the thread was still runnable"
            if rule == "thread_state" else
-           "no OS-runtime or CUDA synchronization call explains that off-CPU time (the "
-           "export records no informative thread state at switches; nsys traces only "
-           "OS-runtime calls above its threshold, so short sleeps count here too)")
-    msg = (f"In {hit.height} GPU gaps the launching thread (tid {tid}) was off-CPU without "
-           f"blocking for {fmt_ns(lost)} ({fmt_frac(share)} of steady-state device time): "
-           f"it was descheduled while the GPU waited for its next launch ({how}). It "
-           f"migrated between CPUs {migrations} times in {switches} switches.")
+           "no OS-runtime or CUDA synchronization call explains the off-CPU time; the "
+           "export records no informative thread state at switches, and nsys traces only "
+           "OS-runtime calls above its threshold, so short sleeps count here too")
+    msg = (f"In {hit.height} GPU gaps ({fmt_ns(lost)}, {fmt_frac(share)} of steady-state "
+           f"device time) threads that feed the GPU could run but had no CPU: "
+           f"{'; '.join(parts)} ({how}). The launching thread migrated between CPUs "
+           f"{migrations} times in {switches} switches.")
     metrics = [
-        metric("descheduled_ns", "launcher off-CPU without blocking in gaps", lost, "ns"),
-        metric("descheduled_frac", "share of steady-state device time", share, "frac"),
-        metric("n_gaps", "gaps with the launcher descheduled", hit.height, "count"),
+        metric("contended_ns", "GPU-idle time with a thread waiting for a CPU", lost, "ns"),
+        metric("contended_frac", "share of steady-state device time", share, "frac"),
+        metric("n_gaps", "gaps with CPU contention", hit.height, "count"),
+        metric("descheduled_ns", "launcher off-CPU without blocking in gaps",
+               int(by["launcher"]["_l"].sum()) if by["launcher"].height else 0, "ns"),
+        metric("comm_descheduled_ns", "communication thread off-CPU without blocking in gaps",
+               int(by["comm"]["_c"].sum()) if by["comm"].height else 0, "ns"),
+        metric("oversubscribed_ns", "more runnable threads than CPUs, in gaps",
+               int(by["over"]["_o"].sum()) if by["over"].height else 0, "ns"),
+        metric("cpus_seen", "CPUs the process tree ran on", cpus, "count"),
         metric("n_migrations", "launcher CPU migrations", migrations, "count"),
         metric("n_switches", "launcher switch-ins", switches, "count"),
     ]
-    longest = hit.sort(["unblocked_off_cpu_ns", "gap_start_ns"], descending=[True, False])
+    longest = hit.sort(["_lost", "gap_start_ns"], descending=[True, False])
     win = longest.select("device_id", start_ns="gap_start_ns", end_ns="gap_end_ns")
-    ev = evidence(metrics, windows_from(win, None, ctx.params.top_n, "launcher descheduled"))
+    ev = evidence(metrics, windows_from(win, None, ctx.params.top_n, "CPU contention"))
     return [make_finding("CPU_CONTENTION", sev, msg, ev, pid=int(hit["pid"][0]))]
 
 

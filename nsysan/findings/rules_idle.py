@@ -57,6 +57,23 @@ def _per_step(ctx: Context, value: float) -> float | None:
     return value / ctx.n_steps if ctx.n_steps else None
 
 
+def _host_evidence(ctx: Context, gaps: pl.DataFrame, main_cause: str) -> str:
+    """Where the traced host calls are silent (``no_cuda_activity``: no API, OS-runtime or
+    NVTX evidence), what the CPU samples and context switches say of the longest of
+    ``gaps``: the primary launching thread's `host_detail` (the host pass), or nothing."""
+    host = ctx.table("host_gaps")
+    if main_cause != "no_cuda_activity" or host is None or host.is_empty():
+        return ""
+    longest = gaps.sort(["duration_ns", "start_ns"], descending=[True, False]).head(1)
+    row = host.filter(pl.col("primary_launcher")).join(
+        longest.select("device_id", gap_start_ns="start_ns"), on=["device_id", "gap_start_ns"])
+    detail = row["host_detail"].drop_nulls().to_list()
+    if not detail:
+        return ""
+    return (f" Host evidence for the longest gap ({fmt_ns(int(longest['duration_ns'][0]))}): "
+            f"its launching thread (tid {int(row['tid'][0])}) was {detail[0]}.")
+
+
 # ---------------------------------------------------------------------------------------------
 def starvation(ctx: Context) -> list[Finding]:
     """GPU_STARVATION_PERIODIC: recurring host-side idle gaps."""
@@ -123,7 +140,7 @@ def starvation(ctx: Context) -> list[Finding]:
            f"in {n} gaps of {fmt_ns(total / n)} on average, {where}, while the host was busy "
            f"elsewhere (main cause: {main_cause}"
            + (f", {md_code(by_detail['cause_detail'][0], 160)}" if by_detail.height else "")
-           + ").")
+           + ")." + _host_evidence(ctx, host, main_cause))
     ev = evidence(metrics, windows_from(host, "cause_detail", p.top_n), offenders)
     return [make_finding("GPU_STARVATION_PERIODIC", sev, msg, ev)]
 

@@ -18,8 +18,11 @@ the period of the busy ones). Estimated time = samples x period.
 **Tables** (column names are part of the contract):
 
 - ``host_threads``: per thread seen in ``sched`` or ``cpu_samples``: ``role`` (``launcher``
-  when its CUDA API calls launched GPU work, ``profiler`` for nsys' threads, else
-  ``other``); ``window_ns``: from its first to its last switch (or sample) inside the session;
+  when its CUDA API calls launched GPU work, ``profiler`` for nsys' threads,
+  ``communication`` for another thread whose samples (at least
+  `COMMUNICATION_MIN_SAMPLES`) are mostly in the communication layer (NCCL's proxy thread,
+  an MPI progress thread), else ``other``); ``window_ns``: from its
+  first to its last switch (or sample) inside the session;
   ``on_cpu_ns`` (on-CPU intervals clipped to that window), ``off_cpu_ns`` (the rest of it;
   null for a thread without switches), ``n_switches`` (switch-ins), ``n_migrations``
   (switch-ins on another CPU than the previous one), ``n_samples``, its own median sampling
@@ -28,7 +31,13 @@ the period of the busy ones). Estimated time = samples x period.
 - ``host_layers``: per thread, layer and step (null: the whole trace; with steps known, also
   per step, a sample counting in the step whose window holds its time): ``n_samples``,
   ``est_ns`` and ``frac`` (share of that thread's samples in that scope);
-- ``host_gaps``: `host_gaps` (per device gap of the ``gaps`` pass and launching thread).
+- ``host_gaps``: `host_gaps` (per device gap of the ``gaps`` pass and launching or
+  communication thread).
+
+**Demand** (`nsysan.passes.host_demand`): where the export records thread states at
+switches, ``metrics["cpus_seen"]`` (the CPUs the process tree ran on) and
+``metrics["oversubscribed_ns"]`` (the time, in the session, during which more of its threads
+wanted a CPU than that); None otherwise.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from nsysan.frames.trace import Trace
 from nsysan.passes import host_gaps
 from nsysan.passes.base import PassResult, PassSpec, Results
 from nsysan.passes.gap_causes import launch_calls
+from nsysan.passes.host_demand import oversubscribed, runnable_off_cpu
 from nsysan.passes.steps import step_windows
 
 I64, F64, STR = pl.Int64, pl.Float64, pl.String
@@ -55,7 +65,7 @@ LAYER_FRACS = {f"{layer}_frac": F64 for layer in ht.HOST_LAYERS}
 HOST_THREADS = pl.Schema(
     {
         "trace_id": STR, "pid": I64, "tid": I64, "global_tid": I64, "name": STR,
-        "role": STR,  # launcher | profiler | other
+        "role": STR,  # launcher | profiler | communication | other
         "window_ns": I64, "on_cpu_ns": I64, "off_cpu_ns": I64,
         "n_switches": I64, "n_migrations": I64, "n_samples": I64,
         "sampling_period_ns": I64, **LAYER_FRACS, "top_layer": STR,
@@ -71,6 +81,9 @@ HOST_LAYERS = pl.Schema(
 TABLES = {"host_threads": HOST_THREADS, "host_layers": HOST_LAYERS,
           "host_gaps": host_gaps.HOST_GAPS}
 HOW_TO_RECORD = "nsys profile --sample=cpu --cpuctxsw=process-tree"
+#: samples a thread needs before its top layer names its role (one stray sample in libmpi
+#: does not make a communication thread)
+COMMUNICATION_MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -226,6 +239,9 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
     role = (pl.when(pl.col("name").str.contains(ht.PROFILER_THREAD_PATTERN).fill_null(False))
             .then(pl.lit("profiler"))
             .when(pl.col("global_tid").is_in(launchers.implode())).then(pl.lit("launcher"))
+            .when((pl.col("top_layer") == "communication")
+                  & (pl.col("n_samples") >= COMMUNICATION_MIN_SAMPLES))
+            .then(pl.lit("communication"))
             .otherwise(pl.lit("other")))
     df = df.with_columns(
         trace_id=pl.lit(trace.trace_id), pid=(pl.col("global_tid") // (1 << 24)) & 0xFFFFFF,
@@ -300,7 +316,11 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
     counts = _layer_counts(samples, step_windows(results))
     threads = _threads(trace, sched, samples, launchers, window, per_period, counts)
     layers = _layers(trace, counts, period)
-    gaps = host_gaps.table(trace, results, sched, samples, calls, params.top_symbols)
+    rule = host_gaps.deschedule_rule(trace, sched)
+    cpus, over = oversubscribed(sched, runnable_off_cpu(sched, rule))
+    communication = threads.filter(pl.col("role") == "communication")["global_tid"]
+    gaps = host_gaps.table(trace, results, sched, samples, calls, params.top_symbols,
+                           communication, over)
     missing = [what for what, ok in (("scheduling", has_sched), ("sampling", has_samples))
                if not ok]
     metrics: dict[str, Any] = {
@@ -308,7 +328,10 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
         f"partly captured: no {' or '.join(missing)} (record with `{HOW_TO_RECORD}`)",
         "taxonomy_version": ht.TAXONOMY_VERSION,
         "sampling_period_ns": period,
-        "deschedule_rule": host_gaps.deschedule_rule(trace, sched),
+        "deschedule_rule": rule,
+        "cpus_seen": cpus,
+        "oversubscribed_ns": (int((over["end_ns"] - over["start_ns"]).sum())
+                              if over is not None else None),
     }
     return PassResult(tables={"host_threads": threads, "host_layers": layers,
                               "host_gaps": gaps}, metrics=metrics)

@@ -1,8 +1,11 @@
 """``host_gaps``: what each launching thread did during each GPU gap (part of the host pass).
 
 Rows: every device gap of the ``gaps`` pass (``scope == "device"``) times every thread whose
-CUDA API calls launched GPU work on that device (``primary_launcher``: the one that launched
-most of the device's ops; ties: the smallest global thread id). Per row:
+CUDA API calls launched GPU work on that device (``role`` ``launcher``; ``primary_launcher``:
+the one that launched most of the device's ops; ties: the smallest global thread id), and
+every communication thread of the trace (``role`` ``communication``: a thread that launched
+nothing and whose samples are mostly in the communication layer, e.g. NCCL's proxy thread,
+an MPI progress thread). Per row:
 
 - ``on_cpu_ns`` / ``on_cpu_frac``: the thread's on-CPU intervals (``sched``) inside the gap;
   ``off_cpu_ns`` the rest (null without scheduling data);
@@ -22,7 +25,10 @@ most of the device's ops; ties: the smallest global thread id). Per row:
 - ``top_symbols``: the most frequent leaf symbols, ``symbol (module file) count``, by count
   then name, ``; ``-separated; ``top_modules`` likewise the leaf modules with their share;
 - ``host_detail``: both in one phrase for gap causes where NVTX and OS-runtime evidence is
-  silent, e.g. ``on-CPU 97% of the gap; samples: libdali_operators.so 61%, python3.8 30%``.
+  silent, e.g. ``on-CPU 97% of the gap; samples: libdali_operators.so 61%, python3.8 30%``;
+- ``oversubscribed_ns``: the time in the gap during which more threads of the process tree
+  wanted a CPU than it was seen running on (`nsysan.passes.host_demand`; the same for every
+  row of a gap; null unless the export records thread states at switches).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from nsysan.frames import host_taxonomy as ht
 from nsysan.frames import intervals as iv
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import Results
+from nsysan.passes.host_demand import blocking_calls, preempted_off_cpu
 
 I64, F64, STR = pl.Int64, pl.Float64, pl.String
 LAYER_SAMPLES = {f"{layer}_samples": I64 for layer in ht.HOST_LAYERS}
@@ -40,19 +47,19 @@ HOST_GAPS = pl.Schema(
     {
         "trace_id": STR, "device_id": I64, "gap_start_ns": I64, "gap_end_ns": I64,
         "duration_ns": I64, "step": I64, "pid": I64, "tid": I64, "global_tid": I64,
+        "role": STR,  # launcher | communication
         "primary_launcher": pl.Boolean,  # the thread that launched most ops on the device
         "on_cpu_ns": I64, "on_cpu_frac": F64, "off_cpu_ns": I64,
         "unblocked_off_cpu_ns": I64, "n_samples": I64, **LAYER_SAMPLES,
         "top_layer": STR, "top_symbols": STR,
         "top_modules": STR,  # leaf modules by share of the samples: "libdali_operators.so 61%"
         "host_detail": STR,  # one sentence for gap causes: on-CPU share and top modules
+        "oversubscribed_ns": I64,  # more runnable threads than CPUs (`host_demand`)
     }
 )
 #: switch-out states that say why a thread left the CPU (3.13+ exports have the column, but
 #: the shared 3.13 / 3.17 exports hold only "unknown" and "terminated" there)
 INFORMATIVE_STATES = ("running", "interruptible", "uninterruptible", "stopped", "waiting")
-#: a thread switched out while still running was preempted: it could have run on
-PREEMPTED_STATES = ("running",)
 
 
 def deschedule_rule(trace: Trace, sched: pl.DataFrame) -> str | None:
@@ -67,27 +74,16 @@ def deschedule_rule(trace: Trace, sched: pl.DataFrame) -> str | None:
     return None
 
 
-def _blocking(trace: Trace) -> pl.DataFrame:
-    osrt = trace.frame("osrt").select("global_tid", "start_ns", "end_ns")
-    sync = (trace.frame("cuda_api").filter(pl.col("api_class") == "sync")
-            .select("global_tid", "start_ns", "end_ns"))
-    return pl.concat([osrt, sync])
-
-
 def _unblocked(trace: Trace, pairs: pl.DataFrame, sched: pl.DataFrame, rule: str | None,
                off_cpu: pl.Series) -> pl.Series:
     if rule is None:
         return pl.Series("unblocked_off_cpu_ns", [None] * pairs.height, dtype=I64)
     by = ["global_tid"]
     if rule == "thread_state":
-        off = (sched.sort("global_tid", "start_ns")
-               .select("global_tid", "out_state", start_ns="end_ns",
-                       end_ns=pl.col("start_ns").shift(-1).over("global_tid"))
-               .filter(pl.col("out_state").is_in(PREEMPTED_STATES)
-                       & pl.col("end_ns").is_not_null()))
+        off = preempted_off_cpu(sched)
         got = iv.covered(pairs, off.select(*by, "start_ns", "end_ns"), by=by).collect()
         return got["covered_ns"].alias("unblocked_off_cpu_ns")
-    blocking = _blocking(trace)
+    blocking = blocking_calls(trace)
     blocked = iv.covered(pairs, blocking, by=by).collect()["covered_ns"]
     on = sched.select(*by, "start_ns", "end_ns")
     both = iv.overlay(on, iv.union(blocking, by=by), by=by, window_cols=()).collect()
@@ -140,7 +136,10 @@ def _sample_counts(pairs: pl.DataFrame, samples: pl.DataFrame, top: int) -> pl.D
 
 
 def table(trace: Trace, results: Results, sched: pl.DataFrame, samples: pl.DataFrame,
-          calls: pl.DataFrame | None, top: int) -> pl.DataFrame:
+          calls: pl.DataFrame | None, top: int, communication: pl.Series,
+          over: pl.DataFrame | None) -> pl.DataFrame:
+    """The table (module docstring); ``communication``: the global thread ids of the
+    communication threads; ``over``: the oversubscribed intervals (`host_demand`)."""
     res = results.get("gaps")
     gaps = res.tables.get("gaps") if res is not None else None
     if gaps is None or calls is None or (sched.is_empty() and samples.is_empty()):
@@ -151,11 +150,17 @@ def table(trace: Trace, results: Results, sched: pl.DataFrame, samples: pl.DataF
     launchers = (
         calls.group_by("device_id", "global_tid").agg(_n=pl.len())
         .sort(["device_id", "_n", "global_tid"], descending=[False, True, False])
-        .with_columns(primary_launcher=pl.int_range(pl.len()).over("device_id") == 0)
+        .with_columns(primary_launcher=pl.int_range(pl.len()).over("device_id") == 0,
+                      role=pl.lit("launcher"))
         .drop("_n")
     )
-    pairs = gaps.join(launchers, on="device_id").sort("device_id", "gap_start_ns",
-                                                       "global_tid")
+    comm = (launchers.select("device_id").unique()
+            .join(pl.DataFrame({"global_tid": communication.cast(I64)}), how="cross")
+            .join(launchers, on=["device_id", "global_tid"], how="anti")
+            .with_columns(primary_launcher=pl.lit(False), role=pl.lit("communication")))
+    threads = pl.concat([launchers, comm.select(launchers.columns)])
+    pairs = gaps.join(threads, on="device_id").sort("device_id", "gap_start_ns",
+                                                     "global_tid")
     if pairs.is_empty():
         return pl.DataFrame(schema=HOST_GAPS)
     win = pairs.select("global_tid", start_ns="gap_start_ns", end_ns="gap_end_ns")
@@ -166,8 +171,11 @@ def table(trace: Trace, results: Results, sched: pl.DataFrame, samples: pl.DataF
     off_cpu = pairs["duration_ns"] - on_cpu
     rule = deschedule_rule(trace, sched)
     unblocked = _unblocked(trace, win, sched, rule, off_cpu)
+    oversubscribed = (iv.covered(win, over).collect()["covered_ns"] if over is not None
+                      else pl.Series([None] * pairs.height, dtype=I64))
     pairs = pairs.with_columns(
         on_cpu_ns=on_cpu, off_cpu_ns=off_cpu, unblocked_off_cpu_ns=unblocked,
+        oversubscribed_ns=oversubscribed,
     ).with_columns(on_cpu_frac=pl.col("on_cpu_ns") / pl.col("duration_ns"))
     keys = ["device_id", "gap_start_ns", "global_tid"]
     counted = _sample_counts(pairs, samples, top) if not samples.is_empty() else None

@@ -18,7 +18,7 @@ class HostAndMemoryEvents:
     """Methods of `TraceBuilder` (which holds ``sched``, ``samples``, ``memory``,
     ``memory_usage_captured`` and the helpers ``_process``, ``_pid_of``, ``_intern``)."""
 
-    sched: list[tuple[int, int, int, int]]
+    sched: list[tuple[int, int, int, int, int | None]]
     samples: list[tuple[int, int, int, tuple[tuple[str, str], ...], int]]
     memory: list[MemoryEvent]
     memory_usage_captured: bool
@@ -32,12 +32,16 @@ class HostAndMemoryEvents:
     def _intern(self, s: str) -> int:  # pragma: no cover - TraceBuilder's
         raise NotImplementedError
 
-    def add_on_cpu(self, gtid: int, start_ns: int, end_ns: int, cpu: int = 0) -> None:
+    def add_on_cpu(self, gtid: int, start_ns: int, end_ns: int, cpu: int = 0, *,
+                   out_state: int | None = None) -> None:
         """Thread ``gtid`` ran on ``cpu`` during [start, end): a switch-in and a switch-out
-        row of SCHED_EVENTS (what ``--cpuctxsw`` records)."""
+        row of SCHED_EVENTS (what ``--cpuctxsw`` records). ``out_state``: nsys' thread state
+        at the switch-out (1 = running: preempted, 2 = interruptible: went to sleep), which
+        exports from schema 3.28 record; given once, SCHED_EVENTS gets that schema's
+        ``threadState`` and ``threadBlock`` columns."""
         check_interval("on-CPU interval", start_ns, end_ns)
         self._process(self._pid_of(gtid))
-        self.sched.append((gtid, cpu, start_ns, end_ns))
+        self.sched.append((gtid, cpu, start_ns, end_ns, out_state))
 
     def add_sample(
         self, gtid: int, time_ns: int, stack: list[tuple[str, str]], *, cpu: int = 0,

@@ -489,9 +489,13 @@ def _host_evidence(b: TraceBuilder) -> dict[str, list[Row]]:
     """SCHED_EVENTS, COMPOSITE_EVENTS and SAMPLING_CALLCHAINS rows (time order; sample ids
     numbered in that order from 1, as nsys does)."""
     sched = []
-    for gtid, cpu, start, end in b.sched:
-        sched.append({"start": start, "cpu": cpu, "isSchedIn": 1, "globalTid": gtid})
-        sched.append({"start": end, "cpu": cpu, "isSchedIn": 0, "globalTid": gtid})
+    states = any(s[4] is not None for s in b.sched)
+    for gtid, cpu, start, end, out_state in b.sched:
+        switch_in = {"start": start, "cpu": cpu, "isSchedIn": 1, "globalTid": gtid}
+        switch_out = {"start": end, "cpu": cpu, "isSchedIn": 0, "globalTid": gtid}
+        if states:  # schema 3.28: the state at each switch (running when switched in)
+            switch_in["threadState"], switch_out["threadState"] = 1, out_state
+        sched += [switch_in, switch_out]
     sched.sort(key=lambda r: (r["start"], r["isSchedIn"], r["globalTid"]))
     events, chains = [], []
     for i, (gtid, t, cpu, stack, state) in enumerate(

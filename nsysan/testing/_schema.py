@@ -224,6 +224,9 @@ SCHEMA_VERSION = {"2022.4": "3.0.0", "2023.4": "3.7.2"}
 SCHEMA_CKSUM = {"2022.4": "4042420554 115894", "2023.4": "2307844469 139029"}
 
 LAYOUTS = ("2022.4", "2023.4")
+#: what schema 3.28 adds to SCHED_EVENTS (the thread state at each switch); the builder adds
+#: them to any layout when a switch-out state is given (`TraceBuilder.add_on_cpu`)
+SCHED_STATE_COLUMNS = "threadState INTEGER, threadBlock INTEGER"
 
 
 def table_columns(layout: str) -> dict[str, str]:

@@ -9,6 +9,13 @@ host finding. Each returns the path of the written export and what was planted.
   ``[vdso]`` (HOST_WAITS_ON_GPU).
 - `descheduled_launcher`: the launching thread is runnable but off-CPU for 8 ms before every
   launch (no blocking call), while four busy worker threads hold the CPUs (CPU_CONTENTION).
+- `oversubscribed_loader`: the launching thread sleeps (switched out in the interruptible
+  state) while six data-loading threads share two CPUs, preempted in turn (switched out
+  still running), and the GPU waits for the batch (CPU_CONTENTION: more runnable threads
+  than CPUs; the export records thread states at switches).
+- `descheduled_comm_thread`: the launching thread waits in a futex for a host-side
+  collective whose communication thread (samples in ``libnccl``) is runnable but off-CPU
+  for 7 of every 10 ms, without blocking, while the GPU idles (CPU_CONTENTION).
 
 A sample is planted every `PERIOD_NS` of on-CPU time of a thread.
 """
@@ -120,8 +127,61 @@ def descheduled_launcher(path: str | Path, iterations: int = 12
     return b.write(Path(path)), {"finding": "CPU_CONTENTION"}
 
 
+#: nsys' thread states at a switch-out (ENUM_SAMPLING_THREAD_STATE)
+RUNNING, INTERRUPTIBLE = 1, 2
+NCCL = "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.3"
+
+
+def oversubscribed_loader(path: str | Path, iterations: int = 12, loaders: int = 6,
+                          cpus: int = 2) -> tuple[Path, dict[str, Any]]:
+    b, gtid = _start()
+    workers = [b.add_thread(PID, PID + 20 + k, f"loader{k}") for k in range(loaders)]
+    slot = 1 * MS
+    t = 1 * MS
+    for _ in range(iterations):
+        # launch a 3 ms kernel, then sleep (waiting for the next batch) for 12 ms
+        b.add_on_cpu(gtid, t, t + 200 * US, cpu=0, out_state=INTERRUPTIBLE)
+        b.add_sample(gtid, t + 100 * US, [("_PyEval_EvalFrameDefault", PYTHON)], cpu=0)
+        b.add_kernel(gtid, t + 150 * US, t + 3 * MS, K.SGEMM, api_start=t + 100 * US,
+                     api_ns=20 * US)
+        load = t + 200 * US
+        # every slot, `cpus` of the loaders run and are preempted at its end: all of them
+        # stay runnable, more than the CPUs
+        for k in range(12):
+            for cpu in range(cpus):
+                w = workers[(cpus * k + cpu) % loaders]
+                s0 = load + k * slot
+                b.add_on_cpu(w, s0, s0 + slot, cpu=cpu, out_state=RUNNING)
+                _samples(b, w, s0, s0 + slot, [[("dali::JpegDecode", DALI)],
+                                               [("jpeg_idct_islow", JPEG)]], cpu=cpu)
+        t = load + 12 * slot
+    return b.write(Path(path)), {"finding": "CPU_CONTENTION", "cpus": cpus}
+
+
+def descheduled_comm_thread(path: str | Path, iterations: int = 12
+                            ) -> tuple[Path, dict[str, Any]]:
+    b, gtid = _start()
+    comm = b.add_thread(PID, PID + 30, "gloo-comm")
+    t = 1 * MS
+    for _ in range(iterations):
+        # launch a 4 ms kernel; then wait 10 ms in a futex for the host-side collective
+        b.add_on_cpu(gtid, t, t + 300 * US, cpu=0)
+        b.add_sample(gtid, t + 100 * US, [("_PyEval_EvalFrameDefault", PYTHON)], cpu=0)
+        b.add_kernel(gtid, t + 250 * US, t + 4 * MS, K.SGEMM, api_start=t + 200 * US,
+                     api_ns=20 * US)
+        wait0, wait1 = t + 300 * US, t + 300 * US + 10 * MS
+        b.add_osrt(gtid, wait0, wait1, "pthread_cond_wait")
+        # the communication thread runs 3 ms of the 10 and waits for a CPU the rest
+        b.add_on_cpu(comm, wait1 - 3 * MS, wait1, cpu=1)
+        _samples(b, comm, wait1 - 3 * MS, wait1, [[("ncclProxyProgress", NCCL)]], cpu=1)
+        t = wait1
+    return b.write(Path(path)), {"finding": "CPU_CONTENTION"}
+
+
 SCENARIOS = {
     "cpu_bound_input": cpu_bound_input,
     "gpu_bound_driver_wait": gpu_bound_driver_wait,
     "descheduled_launcher": descheduled_launcher,
+    "oversubscribed_loader": oversubscribed_loader,
+    "descheduled_comm_thread": descheduled_comm_thread,
 }

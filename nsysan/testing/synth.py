@@ -85,7 +85,7 @@ class TraceBuilder(HostAndMemoryEvents):
         self.syncs: list[SyncEvent] = []
         #: host evidence: on-CPU intervals (gtid, cpu, start, end) and CPU samples
         #: (gtid, time, cpu, stack as (symbol, module) leaf first, thread state)
-        self.sched: list[tuple[int, int, int, int]] = []
+        self.sched: list[tuple[int, int, int, int, int | None]] = []
         self.samples: list[tuple[int, int, int, tuple[tuple[str, str], ...], int]] = []
         self.memory: list[MemoryEvent] = []
         #: write CUDA_GPU_MEMORY_USAGE_EVENTS with its memory-pool columns (nsys does)
@@ -420,7 +420,7 @@ class TraceBuilder(HostAndMemoryEvents):
         ends += [a.end_ns for a in self.apis] + [o.end_ns for o in self.ops]
         ends += [e.end_ns if e.end_ns is not None else e.start_ns for e in self.nvtx]
         ends += [e.end_ns for e in self.osrt] + [e.end_ns for e in self.overhead]
-        ends += [e for *_, e in self.sched] + [t for _, t, *_ in self.samples]
+        ends += [s[3] for s in self.sched] + [t for _, t, *_ in self.samples]
         ends += [e.start_ns for e in self.memory]
         return max(ends) + self.tail_ns
 
@@ -463,6 +463,8 @@ class TraceBuilder(HostAndMemoryEvents):
                     continue
                 if table == "CUDA_GPU_MEMORY_USAGE_EVENTS" and not self.memory_pool_columns:
                     spec = _schema.without_columns(spec, _schema.MEMORY_POOL_COLUMNS)
+                if table == "SCHED_EVENTS" and any(s[4] is not None for s in self.sched):
+                    spec += ", " + _schema.SCHED_STATE_COLUMNS
                 con.execute(f"CREATE TABLE {table} ({spec})")
                 cols = _schema.column_names(spec)
                 if table == "CUDA_GPU_MEMORY_USAGE_EVENTS":
