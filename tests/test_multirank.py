@@ -284,3 +284,28 @@ def test_gpubootcamp_ranks_from_thread_names_without_environment(shared_traces):
     res = analyze_job(traces)
     assert res.ranks.select("rank", "rank_source").rows() == [(3, "thread_name"),
                                                               (7, "thread_name")]
+
+
+def test_a_job_holds_one_profile_at_a_time(tmp_path, monkeypatch):
+    """Each profile's frames are released before the next one is read (a job's memory is
+    that of its largest profile), and the results equal those of a job whose profiles keep
+    every frame."""
+    job = write_straggler_job(tmp_path, StragglerJob())
+    held: list[int] = []
+    original = Trace.release
+
+    def spy(self, names=None):
+        held.append(sum(other._frames != {} for other in opened))
+        original(self, names)
+
+    from nsysan.load import open_trace
+
+    opened = [open_trace(p, frame_cache=False) for p in job.paths]
+    monkeypatch.setattr(Trace, "release", spy)
+    res = analyze_job(opened)
+    assert held == [1] * len(job.paths)  # only the profile being released holds frames
+    assert all(not t._frames for t in res.traces)
+    monkeypatch.setattr(Trace, "release", lambda self, names=None: None)
+    kept = analyze_job([open_trace(p, frame_cache=False) for p in job.paths])
+    assert res.ranks.equals(kept.ranks) and res.collectives.equals(kept.collectives)
+    assert [f.message for f in res.findings] == [f.message for f in kept.findings]

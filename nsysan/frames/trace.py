@@ -178,6 +178,15 @@ class Trace:
         for _ in range(min(workers, len(todo))):
             threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
 
+    def release(self, names: Iterable[str] | None = None) -> None:
+        """Forget the built frames ``names`` (all by default): a later `frame` builds them
+        again. For callers that go through many traces one after another (a job of many
+        ranks) and must not hold every trace's frames at once."""
+        with self._locks_guard:
+            for name in list(self._frames) if names is None else list(names):
+                self._frames.pop(name, None)
+                self._queued.discard(name)
+
     def lazy(self, name: str) -> pl.LazyFrame:
         return self.frame(name).lazy()
 

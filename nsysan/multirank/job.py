@@ -35,11 +35,12 @@ from nsysan.load.files import job_files as job_files  # re-exported: it lived he
 from nsysan.multirank import align
 from nsysan.multirank.ranks import (
     MPI_OR_NCCL_API_RE,
-    discover_ranks,
+    assign_ranks,
     env_of_trace,
+    rank_candidates,
     world_size_from_env,
 )
-from nsysan.multirank.stragglers import find_stragglers, rank_intervals
+from nsysan.multirank.stragglers import find_stragglers, local_intervals, to_job_time
 from nsysan.passes import nccl as nccl_pass
 from nsysan.passes.base import Finding
 from nsysan.passes.schedule import analysis_context
@@ -215,6 +216,13 @@ def _step_stats(steps: pl.DataFrame) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # The job
 # ---------------------------------------------------------------------------------------------
+def _provisional(t_index: int | pl.Expr, pid: pl.Expr) -> pl.Expr:
+    """A rank process's key before the job's ranks are numbered: profile and pid in one
+    integer (a pid has 24 bits)."""
+    return (pl.lit(t_index, pl.Int64) if isinstance(t_index, int) else t_index.cast(pl.Int64)) \
+        * (1 << 24) + pid.cast(pl.Int64)
+
+
 def _job_id(traces: Sequence[Trace], given: str | None) -> str:
     if given:
         return given
@@ -249,39 +257,57 @@ def analyze_job(
         paths_or_traces = [paths_or_traces]
     traces = _open(paths_or_traces, nsys, frame_cache)
     jid = _job_id(traces, job_id)
-    ranks = discover_ranks(traces, rank_map)
-    if ranks.is_empty():
-        raise TraceFormatError("analyze_job: no process with GPU work or MPI/NCCL ranges found "
-                               "in the given profiles")
     notes: list[str] = []
     coarse, cnotes = align.coarse_offsets([t.meta.session_start_utc_ns for t in traces])
     notes += cnotes
-
-    # NCCL ops per profile; ranks' step windows and local metrics per rank process.
-    n_default = params.n_ranks or next(
-        (n for t in traces if (n := world_size_from_env(env_of_trace(t)))), None
-    ) or ranks.height
     nccl_params = nccl_pass.NcclParams(n_ranks=params.n_ranks)
-    nccl_tables, local, steps_parts, events, findings = [], [], [], [], []
+    candidates, nccl_tables, gpu_names, local, steps_parts, events, intervals_local = (
+        [], [], [], [], [], [], [])
+    world = params.n_ranks
+    # One profile at a time, its frames released before the next is read: a job's memory
+    # is that of its largest profile, not of all of them. Ranks get their job-wide numbers
+    # only once every profile is seen (`assign_ranks`); until then each rank process is
+    # keyed by its profile and pid (a provisional rank, `_provisional`).
     for t_index, trace in enumerate(traces):  # per profile and rank process, not per event
-        rows = ranks.filter(pl.col("trace_index") == t_index)
-        if rows.is_empty():
-            continue
-        with analysis_context(trace) as shared:  # ops and findings share the unions
-            table = nccl_pass.with_default_ranks(nccl_pass.nccl_ops(shared, nccl_params),
-                                                 n_default)
-            findings += [f for f in nccl_pass.nccl_findings(shared, table, nccl_params)
-                         if f.code == "NCCL_LOW_BANDWIDTH"]
-        nccl_tables.append(table)
-        local.append(_local_metrics(trace, rows).with_columns(pl.lit(t_index).alias(
-            "trace_index")))
-        events.append(align.mpi_events(trace.frame("nvtx"), rows))
-        for row in rows.iter_rows(named=True):
-            view = trace if rows.height == 1 else _rank_view(trace, row["pid"])
-            st = _steps(view)
-            steps_parts.append(st.with_columns(pl.lit(row["rank"]).alias("rank"),
-                                               pl.lit(t_index).alias("trace_index")))
-    nccl_all = (pl.concat(nccl_tables) if nccl_tables else schemas.empty(schemas.NCCL))
+        rows = rank_candidates(t_index, trace, rank_map)
+        candidates.append(rows)
+        world = world or world_size_from_env(env_of_trace(trace))
+        if not rows.is_empty():
+            rows = rows.with_columns(rank=_provisional(t_index, pl.col("pid")))
+            with analysis_context(trace) as shared:  # the NCCL ops share the unions
+                nccl_tables.append(nccl_pass.nccl_ops(shared, nccl_params))
+            gpu_names.append(trace.frame("gpus")["name"].to_list())
+            local.append(_local_metrics(trace, rows).with_columns(pl.lit(t_index).alias(
+                "trace_index")))
+            events.append(align.mpi_events(trace.frame("nvtx"), rows))
+            intervals_local.append((t_index, local_intervals(trace, rows["pid"],
+                                                             params.data_pattern)))
+            for row in rows.iter_rows(named=True):
+                view = trace if rows.height == 1 else _rank_view(trace, row["pid"])
+                st = _steps(view)
+                steps_parts.append(st.with_columns(pl.lit(row["rank"]).alias("rank"),
+                                                   pl.lit(t_index).alias("trace_index")))
+        trace.release()
+    ranks = assign_ranks(candidates)
+    if ranks.is_empty():
+        raise TraceFormatError("analyze_job: no process with GPU work or MPI/NCCL ranges found "
+                               "in the given profiles")
+    final = ranks.select(_p=_provisional(pl.col("trace_index"), pl.col("pid")), _r="rank")
+
+    def renumbered(df: pl.DataFrame) -> pl.DataFrame:
+        """``df`` with each provisional rank replaced by the job's rank number."""
+        return (df.join(final, left_on="rank", right_on="_p", how="left", maintain_order="left")
+                .with_columns(pl.col("_r").alias("rank")).drop("_r"))
+
+    n_default = world or ranks.height
+    findings = []
+    for table, names in zip(nccl_tables, gpu_names, strict=True):
+        table = nccl_pass.with_default_ranks(table, n_default)
+        findings += nccl_pass.low_bandwidth_findings(table, nccl_params, lambda n=names: n)
+    nccl_all = (pl.concat([nccl_pass.with_default_ranks(t, n_default) for t in nccl_tables])
+                if nccl_tables else schemas.empty(schemas.NCCL))
+    events = [renumbered(e) for e in events]
+    steps_parts = [renumbered(st) for st in steps_parts]
     events.append(align.nccl_events(nccl_all, ranks))
     ev = align.number(pl.concat([e.select(list(align.EVENT_SCHEMA)) for e in events]))
     ev = ev.join(coarse, on="trace_index").with_columns(
@@ -300,7 +326,7 @@ def analyze_job(
 
     steps_all = pl.concat(steps_parts) if steps_parts else pl.DataFrame()
     rank_table = _ranks_table(jid, ranks, local, fit, steps_all, matched, coll, params)
-    intervals = rank_intervals(traces, ranks, offsets, params.data_pattern)
+    intervals = to_job_time(intervals_local, ranks, offsets)
     steps_job = (
         steps_all.join(offsets, on="trace_index")
         .select("rank", "step", (pl.col("start_ns") + pl.col("offset_ns")).alias("start_ns"))

@@ -146,55 +146,64 @@ def _explicit(rank_map: Mapping[Any, int] | None, trace: Trace, pid: int, n_proc
     return None
 
 
-def discover_ranks(
-    traces: Sequence[Trace], rank_map: Mapping[Any, int] | None = None
-) -> pl.DataFrame:
-    """One row per rank: ``trace_index, trace_id, pid, global_pid, device_id, rank,
-    rank_source, hostname`` (sorted by rank)."""
+#: columns of `rank_candidates` / `discover_ranks`
+RANK_SCHEMA = {"trace_index": pl.Int64, "trace_id": pl.String, "pid": pl.Int64,
+               "global_pid": pl.Int64, "device_id": pl.Int64, "rank": pl.Int64,
+               "rank_source": pl.String, "hostname": pl.String}
+
+
+def rank_candidates(t_index: int, trace: Trace, rank_map: Mapping[Any, int] | None = None
+                    ) -> pl.DataFrame:
+    """The rank processes of one profile with the rank its own evidence gives them (null
+    where it gives none): `discover_ranks` before the job-wide numbering (`assign_ranks`).
+    Reads only this profile, so a job can go through its profiles one at a time."""
     rows: list[dict[str, Any]] = []
-    # One iteration per profile and per rank process: a handful, never per event.
-    for t_index, trace in enumerate(traces):
-        procs = rank_processes(trace)
-        env = env_of_trace(trace)
-        host = hostname_of(trace, env)
-        evidence = _per_process_evidence(trace, procs)
-        distinct_devices = (
-            procs["device_id"].null_count() == 0
-            and procs["device_id"].n_unique() == procs.height
-            and bool((procs["_n_dev"] == 1).all())
-        )
-        order_col = "device_id" if distinct_devices else "pid"
-        order = procs.sort(order_col)["pid"].to_list()
-        for proc, ev in zip(procs.iter_rows(named=True), evidence.iter_rows(named=True),
-                            strict=True):
-            pid = proc["pid"]
-            found: tuple[int, str] | None = None
-            explicit = _explicit(rank_map, trace, pid, procs.height)
-            if explicit is not None:
-                found = (explicit, "explicit")
-            if found is None and procs.height == 1:
-                found = rank_from_env(env)
-            if found is None and ev["thread_rank"] is not None:
-                found = (ev["thread_rank"], "thread_name")
-            if found is None and ev["payload_rank"] is not None:
-                found = (ev["payload_rank"], "nccl_payload")
-            if found is None and procs.height == 1:
-                r = rank_from_path(trace.meta.path)
-                if r is not None:
-                    found = (r, "file_name")
-            if found is None and procs.height > 1:
-                found = (order.index(pid), f"process_order:{order_col}")
-            rows.append({
-                "trace_index": t_index, "trace_id": trace.trace_id, "pid": pid,
-                "global_pid": proc["global_pid"], "device_id": proc["device_id"],
-                "rank": found[0] if found else None,
-                "rank_source": found[1] if found else "input_order",
-                "hostname": host,
-            })
-    schema = {"trace_index": pl.Int64, "trace_id": pl.String, "pid": pl.Int64,
-              "global_pid": pl.Int64, "device_id": pl.Int64, "rank": pl.Int64,
-              "rank_source": pl.String, "hostname": pl.String}
-    df = pl.DataFrame(rows, schema=schema, orient="row")
+    procs = rank_processes(trace)
+    env = env_of_trace(trace)
+    host = hostname_of(trace, env)
+    evidence = _per_process_evidence(trace, procs)
+    distinct_devices = (
+        procs["device_id"].null_count() == 0
+        and procs["device_id"].n_unique() == procs.height
+        and bool((procs["_n_dev"] == 1).all())
+    )
+    order_col = "device_id" if distinct_devices else "pid"
+    order = procs.sort(order_col)["pid"].to_list()
+    # one iteration per rank process: a handful, never per event
+    for proc, ev in zip(procs.iter_rows(named=True), evidence.iter_rows(named=True),
+                        strict=True):
+        pid = proc["pid"]
+        found: tuple[int, str] | None = None
+        explicit = _explicit(rank_map, trace, pid, procs.height)
+        if explicit is not None:
+            found = (explicit, "explicit")
+        if found is None and procs.height == 1:
+            found = rank_from_env(env)
+        if found is None and ev["thread_rank"] is not None:
+            found = (ev["thread_rank"], "thread_name")
+        if found is None and ev["payload_rank"] is not None:
+            found = (ev["payload_rank"], "nccl_payload")
+        if found is None and procs.height == 1:
+            r = rank_from_path(trace.meta.path)
+            if r is not None:
+                found = (r, "file_name")
+        if found is None and procs.height > 1:
+            found = (order.index(pid), f"process_order:{order_col}")
+        rows.append({
+            "trace_index": t_index, "trace_id": trace.trace_id, "pid": pid,
+            "global_pid": proc["global_pid"], "device_id": proc["device_id"],
+            "rank": found[0] if found else None,
+            "rank_source": found[1] if found else "input_order",
+            "hostname": host,
+        })
+    return pl.DataFrame(rows, schema=RANK_SCHEMA, orient="row")
+
+
+def assign_ranks(candidates: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """The job's ranks from every profile's `rank_candidates` (in input order): profiles
+    without evidence after every known rank; every rank re-numbered by order when the
+    evidence collides. Sorted by rank."""
+    df = pl.concat([pl.DataFrame(schema=RANK_SCHEMA), *candidates])
     if df.is_empty():
         return df
     # Profiles without evidence are placed after every known rank, in input order.
@@ -212,3 +221,11 @@ def discover_ranks(
             .alias("rank_source"),
         )
     return df.sort("rank")
+
+
+def discover_ranks(
+    traces: Sequence[Trace], rank_map: Mapping[Any, int] | None = None
+) -> pl.DataFrame:
+    """One row per rank: ``trace_index, trace_id, pid, global_pid, device_id, rank,
+    rank_source, hostname`` (sorted by rank)."""
+    return assign_ranks([rank_candidates(i, t, rank_map) for i, t in enumerate(traces)])

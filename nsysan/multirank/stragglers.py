@@ -45,37 +45,56 @@ _CAUSE_WORDS = {"compute": "GPU compute", "data_loading": "data loading",
                 "host_stall": "host stalls (sync APIs / OS waits)", "unknown": "nothing measured"}
 
 
+INTERVALS = {"cat": pl.String, "name": schemas.CAT, "start_ns": pl.Int64, "end_ns": pl.Int64,
+             "rank": pl.Int64}
+
+
+def local_intervals(trace: Trace, pids: pl.Series, data_pattern: str) -> pl.DataFrame:
+    """``pid, cat, name, start_ns, end_ns`` in the profile's own time: the activity
+    categories (see the module doc) of its processes ``pids``."""
+    sel = ["pid", "name", "start_ns", "end_ns"]
+    compute = trace.frame("gpu_ops").lazy().filter(pl.col("op_class") == "compute").select(
+        *sel[:1], pl.lit("compute").alias("cat"), *sel[1:])
+    nvtx = trace.frame("nvtx")
+    data = nvtx.lazy().filter(
+        (pl.col("style") != "mark")
+        & per_value(nvtx, "name", pl.col("name").str.contains(data_pattern)).fill_null(False)
+    ).select(*sel[:1], pl.lit("data_loading").alias("cat"), *sel[1:])
+    sync = trace.frame("cuda_api").lazy().filter(pl.col("api_class") == "sync").select(
+        *sel[:1], pl.lit("host_stall").alias("cat"), *sel[1:])
+    osrt = trace.frame("osrt").lazy().select(*sel[:1], pl.lit("host_stall").alias("cat"),
+                                              *sel[1:])
+    return (pl.concat([compute, data, sync, osrt])
+            .filter(pl.col("pid").is_in(pids.implode())).collect())
+
+
+def to_job_time(parts: Sequence[tuple[int, pl.DataFrame]], ranks: pl.DataFrame,
+                offsets: pl.DataFrame) -> pl.DataFrame:
+    """``rank, cat, name, start_ns, end_ns`` in job time from each profile's
+    (``trace_index``, `local_intervals`)."""
+    out = []
+    for t_index, local in parts:  # one per profile
+        rows = ranks.filter(pl.col("trace_index") == t_index).select("pid", "rank")
+        if rows.is_empty():
+            continue
+        off = offsets.filter(pl.col("trace_index") == t_index)["offset_ns"][0]
+        out.append(local.with_columns(pl.col("start_ns") + off, pl.col("end_ns") + off)
+                   .join(rows, on="pid").drop("pid"))
+    if not out:
+        return pl.DataFrame(schema=INTERVALS)
+    return pl.concat(out).select("rank", "cat", "name", "start_ns", "end_ns")
+
+
 def rank_intervals(traces: Sequence[Trace], ranks: pl.DataFrame, offsets: pl.DataFrame,
                    data_pattern: str) -> pl.DataFrame:
     """``rank, cat, name, start_ns, end_ns`` in job time: the activity categories of every
     rank process (see the module doc); ``name`` Categorical, as in the frames."""
     parts = []
     for t_index, trace in enumerate(traces):  # one iteration per profile
-        rows = ranks.filter(pl.col("trace_index") == t_index).select("pid", "rank")
-        if rows.is_empty():
-            continue
-        off = offsets.filter(pl.col("trace_index") == t_index)["offset_ns"][0]
-        sel = [pl.col("start_ns") + off, pl.col("end_ns") + off]
-        compute = trace.frame("gpu_ops").lazy().filter(pl.col("op_class") == "compute").select(
-            "pid", pl.lit("compute").alias("cat"), "name", *sel)
-        nvtx = trace.frame("nvtx")
-        data = nvtx.lazy().filter(
-            (pl.col("style") != "mark")
-            & per_value(nvtx, "name", pl.col("name").str.contains(data_pattern))
-            .fill_null(False)
-        ).select("pid", pl.lit("data_loading").alias("cat"), "name", *sel)
-        sync = trace.frame("cuda_api").lazy().filter(pl.col("api_class") == "sync").select(
-            "pid", pl.lit("host_stall").alias("cat"), "name", *sel)
-        osrt = trace.frame("osrt").lazy().select(
-            "pid", pl.lit("host_stall").alias("cat"), "name", *sel)
-        parts.append(
-            pl.concat([compute, data, sync, osrt]).join(rows.lazy(), on="pid").drop("pid")
-        )
-    schema = {"cat": pl.String, "name": schemas.CAT, "start_ns": pl.Int64, "end_ns": pl.Int64,
-              "rank": pl.Int64}
-    if not parts:
-        return pl.DataFrame(schema=schema)
-    return pl.concat(parts).collect().select("rank", "cat", "name", "start_ns", "end_ns")
+        pids = ranks.filter(pl.col("trace_index") == t_index)["pid"]
+        if not pids.is_empty():
+            parts.append((t_index, local_intervals(trace, pids, data_pattern)))
+    return to_job_time(parts, ranks, offsets)
 
 
 def windows_before(coll: pl.DataFrame, first_activity: pl.DataFrame) -> pl.DataFrame:

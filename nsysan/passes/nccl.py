@@ -31,6 +31,7 @@ NCCL launches one kernel per collective, or per group of operations fused by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -424,12 +425,22 @@ def nccl_findings(trace: Trace, table: pl.DataFrame, params: NcclParams,
                       "exposed_per_step_ns": metrics.get("exposed_per_step_ns")},
             device_id=row["device_id"],
         ))
+    return out + low_bandwidth_findings(table, params,
+                                        lambda: trace.frame("gpus")["name"].to_list())
+
+
+def low_bandwidth_findings(table: pl.DataFrame, params: NcclParams,
+                           gpu_names: Callable[[], list[str]]) -> list[Finding]:
+    """NCCL_LOW_BANDWIDTH from the NCCL table of one profile and its GPUs' names, asked for
+    only when needed (the nominal link of `nominal_link_gbps` unless ``nccl.link_gbps``
+    is set)."""
     sized = table.filter(
         pl.col("busbw_gbps").is_not_null() & (pl.col("bytes") >= params.min_bw_bytes)
-    )
+    ) if not table.is_empty() else table
+    out: list[Finding] = []
     if not sized.is_empty():
         median = float(sized["busbw_gbps"].median())  # type: ignore[arg-type]
-        link = params.link_gbps or nominal_link_gbps(trace.frame("gpus")["name"].to_list())
+        link = params.link_gbps or nominal_link_gbps(gpu_names())
         low_abs = median < params.low_busbw_gbps
         low_rel = link is not None and median < params.low_link_frac * link
         if low_abs or low_rel:
