@@ -16,6 +16,7 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames.context import AnalysisContext
+from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
@@ -188,6 +189,7 @@ def _run_passes(
         # the passes: the import is ~0.05 s, a tenth of a small analysis.
         _findings_module()
     results, pass_timings = run_passes(specs, trace, params, pass_workers(trace))
+    trim()  # the passes' intermediates (`nsysan.frames.heap`)
     timings.update(pass_timings)
     return AnalysisResult(
         trace=trace.base if isinstance(trace, AnalysisContext) else trace,

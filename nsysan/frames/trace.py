@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.heap import trim
 
 
 class TableCounts(Mapping[str, int]):
@@ -148,6 +149,7 @@ class Trace:
         with lock:
             if name not in self._frames:
                 self._frames[name] = self._loader(name)
+                trim()  # what building it freed (`nsysan.frames.heap`)
         return self._frames[name]
 
     def prefetch(self, names: Iterable[str], workers: int = 2) -> None:
