@@ -3,11 +3,13 @@
     python bench/bench_batch.py DIR [--workers 1 2] [--repeat 1] [--worker-env K=V ...]
 
 For each worker count (alternated when ``--repeat`` > 1): a ``dask scheduler`` process, that
-many ``dask worker --nthreads 1 --no-nanny`` processes (one trace at a time each), then
+many ``dask worker --nthreads 1`` processes (one trace at a time each; each a nanny process
+that starts the worker process, as ``dask worker`` does by default), then
 ``nsysan batch DIR -o OUT --executor dask --scheduler ADDRESS`` timed from outside (a fresh
 output folder each run, frame cache off: every trace read from SQLite). Reported per run: wall
 time of the batch command, and each worker's peak RSS (``VmHWM`` of its process, read before
-it is stopped). ``DIR`` is e.g. the 16 rank files of ``bench/job_traces.py``.
+it is stopped: the nanny's child). ``DIR`` is e.g. the 16 rank files of
+``bench/job_traces.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ def _hwm_mb(pid: int) -> float:
     return float("nan")
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(c) for c in text]
+    return found
+
+
+def _worker_hwm_mb(nanny: int) -> float:
+    """Peak RSS of the worker process a nanny started (the largest child)."""
+    return max((_hwm_mb(c) for c in _children(nanny)), default=_hwm_mb(nanny))
+
+
 def _wait_port(port: int, timeout: float = 30) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -60,7 +75,7 @@ def one_run(inputs: Path, workers: int, env: dict[str, str]) -> tuple[float, lis
         _wait_port(port)
         for _ in range(workers):
             procs.append(subprocess.Popen(
-                [dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                [dask, "worker", address, "--nthreads", "1", "--no-dashboard",
                  "--memory-limit", "0"], env={**os.environ, **env}, **quiet))
         with tempfile.TemporaryDirectory() as out:
             probe = [sys.executable, "-c", "import distributed, sys; c = distributed.Client("
@@ -74,7 +89,7 @@ def one_run(inputs: Path, workers: int, env: dict[str, str]) -> tuple[float, lis
             wall = time.perf_counter() - t
             if done.returncode != 0:
                 raise RuntimeError(f"batch failed: {done.stderr[-2000:]}")
-        peaks = [_hwm_mb(p.pid) for p in procs]
+        peaks = [_worker_hwm_mb(p.pid) for p in procs]
         return wall, peaks
     finally:
         for p in [*procs, sched]:
