@@ -348,6 +348,8 @@ def report_html(path: Path, diagnosis: Any, trace: Trace, timelines: list[Device
     svgs = [(tl.device_id, fmt_frac(tl.busy_frac), _svg_timeline(tl)) for tl in timelines]
     with_layers = (layers is not None and layers.height > 0
                    and diagnosis.attribution_note() is None)
-    text = html_page.render(diagnosis, trace, tables, payload, svgs,
-                            _svg_layers(layers) if with_layers and layers is not None else None)
-    return atomic_write(path, text)
+    parts = html_page.render_parts(diagnosis, trace, tables, payload, svgs,
+                                   _svg_layers(layers) if with_layers and layers is not None
+                                   else None)
+    del payload  # (the parts hold the raw ops' text)
+    return atomic_write(path, parts)
