@@ -107,7 +107,7 @@ def _text_rank(names: pl.Series) -> np.ndarray:
     pos, values = _distinct(names)
     texts = values.cast(pl.String).to_list()
     by_text = sorted(range(len(texts)), key=lambda i: (texts[i] is None, texts[i] or ""))
-    rank = np.empty(len(texts), np.int64)
+    rank = np.empty(len(texts), np.int32)  # (a sort key per kept row: 4 bytes)
     rank[by_text] = np.arange(len(texts))
     return rank[pos]
 
@@ -354,8 +354,11 @@ class _Cover:
 
 
 def _class_codes(op_class: pl.Series) -> np.ndarray:
-    """The Enum code of each op's class; null: the number of classes."""
-    return _ints(op_class.to_physical(), len(op_class.dtype.categories))
+    """The Enum code of each op's class (its physical type: one byte); null: the number of
+    classes."""
+    codes = op_class.to_physical()
+    return (codes.fill_null(len(op_class.dtype.categories)) if codes.null_count()
+            else codes).to_numpy()
 
 
 def _lane_stats(ops: pl.DataFrame, scan: _Scan, edges: np.ndarray, api_rows: np.ndarray,
@@ -474,7 +477,7 @@ def _pack_ops(ops: pl.DataFrame, rows: np.ndarray, lanes: _Lanes, lane_devices: 
               api_rows: np.ndarray) -> None:
     """The ops columns of ``rows``, grouped by device then lane, start-sorted within a lane
     (then by end, name, launching call and class)."""
-    lane = np.zeros(rows.size, np.int64)
+    lane = np.zeros(rows.size, np.int32)
     keys = ops.select(_LANE)
     for a, b in _chunks(rows.size):
         lane[a:b] = lanes.of(keys[rows[a:b]])
