@@ -157,6 +157,23 @@ def _umask() -> int:
     return mask
 
 
+def test_atomic_write_of_pieces_is_that_of_the_text(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list of pieces (report.html's) is written one after the other, long texts a part at
+    a time: the bytes are those of the joined text, whatever falls on a part's boundary."""
+    from nsysan.report import atomic
+
+    monkeypatch.setattr(atomic, "_PIECE", 3)
+    pieces: list[str | bytes] = ["<p>", "é€😀" * 5, b"raw", "", "tail\n"]
+    atomic_write(tmp_path / "a", pieces)
+    text = "".join(p if isinstance(p, str) else p.decode() for p in pieces)
+    assert (tmp_path / "a").read_bytes() == text.encode("utf-8")
+    atomic_write(tmp_path / "b", text)
+    assert (tmp_path / "b").read_bytes() == text.encode("utf-8")
+    atomic_write(tmp_path / "c", [])
+    assert (tmp_path / "c").read_bytes() == b""
+
+
 def test_write_errors_name_the_output_and_what_to_do(tmp_path: Path) -> None:
     cases = {
         errno.ENOSPC: "(no space left on the device): free space there or choose another -o",

@@ -114,3 +114,36 @@ def test_raw_ops_are_capped_longest_first(result, monkeypatch) -> None:
     assert any("50 longest of 636" in note for note in payload["notes"])
     # the overview still counts every op
     assert sum(ln["n_ops"] for ln in payload["devices"][0]["lanes"]) == 636
+
+
+@pytest.mark.parametrize("values", [[], [None], ["b", None, "a", "", "b", "é"], ["x"] * 5])
+def test_string_table_of_codes_is_that_of_the_text(values) -> None:
+    """`_Strings.index` on a Categorical (its codes) gives the table and indexes it gives on
+    the same names as text; a table shared by several calls grows in order of first use."""
+    text = pl.Series(values, dtype=pl.String)
+    by_text, by_code = html_data._Strings(), html_data._Strings()
+    for s in (pl.Series(["z", "a"]), text, text.reverse()):
+        want = by_text.index(s.cast(pl.String))
+        got = by_code.index(s.cast(pl.Categorical()))
+        assert got.tolist() == want.tolist()
+        assert by_code.values == by_text.values
+
+
+def test_streamed_blob_is_the_deflate_of_the_joined_columns() -> None:
+    """Each column is deflated as it is added: the page's bytes are those of deflating (level
+    1) the columns joined, each in its narrowest type and padded to 8 bytes."""
+    cols = [np.arange(1000) % 7, np.arange(70000) * 3, np.zeros(0, np.int64),
+            np.array([2 ** 33]), np.arange(5) + 300]
+    blob = html_data._Blob()
+    for i, c in enumerate(cols):
+        blob.add(f"c{i}", c)
+    joined = b""
+    for c, t in zip(cols, ["<u1", "<u4", "<u1", "<f8", "<u2"], strict=True):
+        raw = c.astype(t).tobytes()
+        joined += raw + b"\0" * (-len(raw) % 8)
+    assert [c["type"] for c in blob.layout.values()] == [
+        "uint8", "uint32", "uint8", "float64", "uint16"]
+    assert blob.encode() == base64.b64encode(zlib.compress(joined, 1)).decode("ascii")
+    assert blob.encode() == base64.b64encode(zlib.compress(joined, 1)).decode("ascii")
+    with pytest.raises(ValueError, match="encoded already"):
+        blob.add("late", np.arange(3))

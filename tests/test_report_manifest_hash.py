@@ -64,7 +64,7 @@ def test_write_report_hashes_the_inputs_while_drawing(tmp_path: Path, monkeypatc
     tr, res = scenario("starved_input")
     tr.meta.path = tr.meta.source_path = src
     pending_when_drawn: list[bool] = []
-    real = plots.device_timelines
+    real = plots.binned_timelines
 
     def spy(*args, **kwargs):
         key = manifest._stat_key(src)
@@ -72,10 +72,10 @@ def test_write_report_hashes_the_inputs_while_drawing(tmp_path: Path, monkeypatc
             pending_when_drawn.append(key in manifest._PENDING)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(plots, "device_timelines", spy)
+    monkeypatch.setattr(plots, "binned_timelines", spy)
     out = tmp_path / "out"
     write_report(out, tr, res, diagnose(tr, res))
-    # (the first binning is the pictures'; report.html bins the devices again, finer)
+    # (one binning: the pictures' bins and report.html's finer ones at once)
     assert pending_when_drawn[:1] == [True]
     import json
 

@@ -9,6 +9,7 @@ import html
 
 import numpy as np
 import polars as pl
+import pytest
 from findings_cases import scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -189,3 +190,21 @@ def test_svg_timeline_is_the_definition_on_a_scenario() -> None:
     for tl in tls:
         assert plots._svg_timeline(tl) == _svg_timeline_by_definition(tl)
     assert plots._fracs(np.array([0.0, -0.0, 0.0])) == ["0.0%", "-0.0%", "0.0%"]
+
+
+@pytest.mark.parametrize("name", ["exposed_allreduce", "starved_input"])
+def test_binned_timelines_are_each_binning(name: str) -> None:
+    """`binned_timelines` (the pictures' bins and report.html's, from one set of unions) gives
+    what `device_timelines` gives at each bin count."""
+    tr, res = scenario(name)
+    tables = {n: df for r in res.values() for n, df in r.tables.items()}
+    both = plots.binned_timelines(tr, tables, (1, 2), (600, 2000, 7))
+    for got, n_bins in zip(both, (600, 2000, 7), strict=True):
+        want = plots.device_timelines(tr, tables, (1, 2), n_bins=n_bins)
+        assert [t.device_id for t in got] == [t.device_id for t in want] != []
+        for a, b in zip(got, want, strict=True):
+            assert a.edges.tolist() == b.edges.tolist() and a.busy.tolist() == b.busy.tolist()
+            assert {k: v.tolist() for k, v in a.lanes.items()} == \
+                {k: v.tolist() for k, v in b.lanes.items()}
+            assert a.gaps.equals(b.gaps) and a.steps == b.steps and a.window == b.window
+    assert plots.binned_timelines(Trace.from_frames("t", {}), {}, None, (600, 2000)) == [[], []]

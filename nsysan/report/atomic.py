@@ -137,15 +137,25 @@ def umask() -> int:
     return mask
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it and a rename, so readers
-    never see a half-written file; the temporary file is gone after any failure."""
+_PIECE = 1 << 20  # characters of a text encoded at a time
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes | list[str | bytes]) -> Path:
+    """Write ``data`` (or, one after the other, each of a list of pieces) to ``path`` through
+    a temporary file beside it and a rename, so readers never see a half-written file; the
+    temporary file is gone after any failure. Text is UTF-8."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            for piece in data if isinstance(data, list) else [data]:
+                if isinstance(piece, bytes):
+                    fh.write(piece)
+                    continue
+                # a long text is encoded a MB at a time: never held again as one bytes copy
+                for at in range(0, len(piece), _PIECE):
+                    fh.write(piece[at:at + _PIECE].encode("utf-8"))
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes it private; outputs are for readers
         os.replace(tmp, path)
     finally:

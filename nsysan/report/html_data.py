@@ -9,12 +9,23 @@ launched them) go into one deflate-compressed blob of typed columns that the pag
 the browser's own ``DecompressionStream``: start times as deltas within a lane, durations, name
 and launch-API indexes into one string table, each column in the narrowest unsigned type that
 holds it. Past `MAX_RAW_OPS` (or `MAX_NVTX`) the longest rows are kept and the page says so.
+
+Memory: a page is written after the analysis, whose frames are all still held, so what it
+needs of ten million ops must cost little more than its own size. The ops are read `CHUNK`
+rows at a time, never copied whole (no sort, partition or join of every op): one pass finds
+the drawn ops and their lanes, one merges each lane's busy time as the ops come in start order
+(loaded frames are), and the cap is a partial selection on the durations, with only the rows
+of exactly the cap's duration ordered by their other columns. Only the rows drawn raw are
+gathered, column by column; names stay dictionary codes until the string table, and each blob
+column is deflated as soon as it is made.
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +34,7 @@ import polars as pl
 
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
+from nsysan.passes.device_blocks import covered_before
 from nsysan.report.plots import DeviceTimeline
 
 N_BINS = 2000  # overview bins per lane, over the whole session span
@@ -34,15 +46,22 @@ MAX_NVTX_DEPTH = 12  # deeper ranges are drawn on the last row
 CLASS_INDEX = {"compute": 0, "nccl": 1, "memcpy_h2d": 2, "memcpy_d2h": 3, "memcpy_d2d": 4,
                "memcpy_p2p": 5, "memset": 6}
 OTHER_CLASS = 7
+#: rows per step of a pass over all GPU ops or NVTX ranges: what the page needs of ten
+#: million ops is read a chunk at a time, so the transient arrays stay a few MB
+CHUNK = 1 << 20
 
 
 @dataclass
 class _Blob:
-    """Typed columns appended one after the other (8-byte aligned), described by `layout`."""
+    """Typed columns appended one after the other (8-byte aligned), described by `layout`.
 
-    parts: list[bytes] = field(default_factory=list)
+    Each column is deflated as it is added (one stream: the same bytes as deflating the
+    columns joined), so that the raw columns are never all held at once."""
+
     layout: dict[str, dict[str, Any]] = field(default_factory=dict)
     size: int = 0
+    _deflate: Any = field(default_factory=lambda: zlib.compressobj(1))
+    _out: list[bytes] = field(default_factory=list)
 
     def add(self, name: str, values: np.ndarray) -> None:
         values = np.asarray(values)
@@ -51,17 +70,46 @@ class _Blob:
             raise ValueError(f"{name}: negative values cannot be packed")
         dtype = next((t for t in (np.uint8, np.uint16, np.uint32) if top <= np.iinfo(t).max),
                      np.float64)
-        raw = np.ascontiguousarray(values.astype("<" + np.dtype(dtype).str[1:])).tobytes()
+        raw = np.ascontiguousarray(values.astype("<" + np.dtype(dtype).str[1:]))
         self.layout[name] = {"type": np.dtype(dtype).name, "offset": self.size,
                              "length": int(values.size)}
-        pad = (-len(raw)) % 8
-        self.parts.append(raw + b"\0" * pad)
-        self.size += len(raw) + pad
+        pad = (-raw.nbytes) % 8
+        if self._deflate is None:
+            raise ValueError("the blob was encoded already")
+        self._out.append(self._deflate.compress(raw))
+        self._out.append(self._deflate.compress(b"\0" * pad))
+        self.size += raw.nbytes + pad
 
     def encode(self) -> str:
         # level 1: deterministic for the same bytes; on the 1M-kernel trace 0.46 s for 6.0 MB
         # where level 6 takes 1.5 s for 5.4 MB
-        return base64.b64encode(zlib.compress(b"".join(self.parts), 1)).decode("ascii")
+        if self._deflate is not None:  # (the stream ends once; encode may be asked again)
+            self._out = [b"".join([*self._out, self._deflate.flush()])]
+            self._deflate = None
+        return base64.b64encode(self._out[0]).decode("ascii")
+
+
+def _distinct(names: pl.Series) -> tuple[np.ndarray, pl.Series]:
+    """A Categorical or Enum column by its distinct values: per row, the index of its value
+    among them, and those values (null included) in the order of first use. Only the codes
+    of the rows are read: no row's text is made."""
+    phys = names.to_physical()
+    first = phys.arg_unique()
+    codes = phys.cast(pl.Int64).fill_null(-1).to_numpy()
+    seen = codes[first.to_numpy()]
+    by_code = np.argsort(seen)
+    return by_code[np.searchsorted(seen[by_code], codes)], names.gather(first)
+
+
+def _text_rank(names: pl.Series) -> np.ndarray:
+    """Per row of a Categorical column, the rank of its text among the column's distinct
+    texts, nulls last: ordering by it orders as polars sorts the column (by its text)."""
+    pos, values = _distinct(names)
+    texts = values.cast(pl.String).to_list()
+    by_text = sorted(range(len(texts)), key=lambda i: (texts[i] is None, texts[i] or ""))
+    rank = np.empty(len(texts), np.int32)  # (a sort key per kept row: 4 bytes)
+    rank[by_text] = np.arange(len(texts))
+    return rank[pos]
 
 
 class _Strings:
@@ -72,19 +120,24 @@ class _Strings:
         self.values: list[str] = []
         self._index: dict[str, int] = {}
 
+    def _add(self, text: str) -> int:
+        if text not in self._index:
+            self._index[text] = len(self.values)
+            self.values.append(text)
+        return self._index[text]
+
     def index(self, names: pl.Series) -> np.ndarray:
         """The table index of each of ``names`` (null -> the empty string). Categorical
         names stay codes: only the distinct ones become text."""
-        encoded = isinstance(names.dtype, (pl.Categorical, pl.Enum))
-        s = (names.cast(pl.Categorical) if encoded else names.cast(pl.String)).fill_null("")
+        if isinstance(names.dtype, (pl.Categorical, pl.Enum)):
+            pos, values = _distinct(names)
+            table = np.array([self._add(t) for t in
+                              values.cast(pl.String).fill_null("").to_list()], np.uint32)
+            return table[pos]
+        s = names.cast(pl.String).fill_null("")
         uniq = s.unique(maintain_order=True).to_list()
-        for u in uniq:
-            if u not in self._index:
-                self._index[u] = len(self.values)
-                self.values.append(u)
-        mapping = pl.DataFrame({"_n": uniq, "_i": [self._index[u] for u in uniq]},
-                               schema={"_n": pl.String, "_i": pl.UInt32}
-                               ).with_columns(pl.col("_n").cast(s.dtype))
+        mapping = pl.DataFrame({"_n": uniq, "_i": [self._add(u) for u in uniq]},
+                               schema={"_n": pl.String, "_i": pl.UInt32})
         return (pl.DataFrame({"_n": s}).join(mapping, on="_n", how="left",
                                              maintain_order="left")["_i"].to_numpy())
 
@@ -98,47 +151,238 @@ def _share_bytes(share: np.ndarray) -> str:
     return _b64(np.clip(np.rint(np.nan_to_num(share) * 255), 0, 255).astype(np.uint8))
 
 
-def _lane_coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Share of each bin covered by the union of the (start-sorted) intervals."""
-    if starts.size == 0:
-        return np.zeros(edges.size - 1)
-    reach = np.maximum.accumulate(ends)
-    new = np.concatenate([[True], starts[1:] > reach[:-1]])
-    first = np.flatnonzero(new)
-    b_s = starts[first]
-    b_e = np.maximum.reduceat(ends, first)
-    cum = np.concatenate([[0], np.cumsum(b_e - b_s)])
-    i = np.searchsorted(b_s, edges, side="right") - 1
-    ic = np.clip(i, 0, None)
-    before = np.where(i >= 0, cum[ic] + np.minimum(edges, b_e[ic]) - b_s[ic], 0)
-    return np.diff(before) / np.maximum(np.diff(edges), 1)
+# ---------------------------------------------------------------------------------------------
+# Reading millions of rows in bounded memory
+# ---------------------------------------------------------------------------------------------
+def _chunks(n: int) -> Iterator[tuple[int, int]]:
+    return ((a, min(a + CHUNK, n)) for a in range(0, n, CHUNK))
 
 
-def _ops_frame(trace: Trace) -> pl.DataFrame:
-    """The GPU ops to draw: device, lane key, times, class, name and launching API call."""
-    ops = trace.gpu_ops
-    rows = op_link.api_rows(trace)
-    cols = [pl.col("device_id"), pl.col("pid"), pl.col("stream_id"), pl.col("start_ns"),
-            pl.col("end_ns"), pl.col("op_class"), pl.col("name")]
-    df = ops.select(cols)
-    if rows is not None:
-        api = trace.cuda_api
-        df = df.with_columns(op_link.gather(api["name"], rows).alias("api"),
-                             op_link.gather(api["global_tid"], rows).alias("launch_tid"))
-    else:
-        df = df.with_columns(pl.lit(None, pl.String).alias("api"),
-                             pl.lit(None, pl.Int64).alias("launch_tid"))
-    return df.filter(pl.col("start_ns") > 0, pl.col("device_id").is_not_null(),
-                     pl.col("end_ns") >= pl.col("start_ns"))
+def _ints(s: pl.Series, fill: int = 0) -> np.ndarray:
+    """An integer column as int64 numpy (a view of it when it has no null), nulls as ``fill``."""
+    return (s.fill_null(fill) if s.null_count() else s).cast(pl.Int64).to_numpy()
 
 
-def _capped(df: pl.DataFrame, cap: int) -> pl.DataFrame:
-    """At most ``cap`` rows: the longest, ties broken by every key (row order is no data)."""
-    if df.height <= cap:
-        return df
-    return df.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d")).sort(
-        ["_d", *[c for c in df.columns if c != "_d"]], descending=[True] + [False] * df.width,
-        nulls_last=True).head(cap).drop("_d")
+def _lex_order(keys: list[np.ndarray]) -> np.ndarray:
+    """The row order that sorts by ``keys[0]``, then ``keys[1]``, ... (ascending): a stable
+    sort by the first two keys, the others compared only among rows tied on those (few)."""
+    order = np.lexsort((keys[1], keys[0]))
+    if len(keys) > 2 and order.size > 1:
+        k0, k1 = keys[0][order], keys[1][order]
+        tie = (k0[1:] == k0[:-1]) & (k1[1:] == k1[:-1])
+        del k0, k1
+        if tie.any():
+            run = np.concatenate([[0], np.cumsum(~tie)])
+            tied = np.zeros(order.size, bool)
+            tied[1:] |= tie
+            tied[:-1] |= tie
+            pos = np.flatnonzero(tied)
+            rows = order[pos]
+            order[pos] = rows[np.lexsort([k[rows] for k in reversed(keys[2:])] + [run[pos]])]
+    return order
+
+
+def _longest(n: int, durations: Callable[[int, int], np.ndarray], cap: int,
+             tie_order: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, int]:
+    """The rows (ascending) of the at most ``cap`` longest of ``n`` rows, and how many rows
+    there were to choose from. ``durations(a, b)``: the durations of rows ``a:b``, -1 for a
+    row that is not drawn; ``tie_order(rows)``: rows of equal duration, best first.
+
+    What `_capped` does, without sorting every row by every column: the cap's duration is
+    found chunk by chunk (a partial selection of at most ``cap + CHUNK`` durations), and only
+    the rows that have exactly that duration are ordered by their other columns."""
+    total = 0
+    top = np.zeros(0, np.int64)  # the longest durations seen so far (at most cap of them)
+    for a, b in _chunks(n):
+        d = durations(a, b)
+        d = d[d >= 0]
+        total += d.size
+        if cap and top.size >= cap:
+            d = d[d >= top.min()]
+        if cap and d.size:
+            top = np.concatenate([top, d])
+            if top.size > cap:
+                top = np.partition(top, top.size - cap)[top.size - cap:]
+    over: list[np.ndarray] = []
+    tied: list[np.ndarray] = []
+    if total <= cap:
+        for a, b in _chunks(n):
+            over.append(a + np.flatnonzero(durations(a, b) >= 0))
+    elif cap:
+        threshold = top.min()
+        for a, b in _chunks(n):
+            d = durations(a, b)
+            over.append(a + np.flatnonzero(d > threshold))
+            tied.append(a + np.flatnonzero(d == threshold))
+    rows = np.concatenate([np.zeros(0, np.int64), *over])
+    if tied:
+        ties = np.concatenate(tied)
+        need = cap - rows.size
+        rows = np.sort(np.concatenate([rows, tie_order(ties)[:need] if ties.size > need
+                                       else ties]))
+    return rows, total
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU ops
+# ---------------------------------------------------------------------------------------------
+_LANE = ["device_id", "pid", "stream_id"]
+
+
+def _rank(values: np.ndarray, col: pl.Series) -> np.ndarray:
+    """The position of each of ``col`` among the sorted distinct ``values`` (null: after
+    them)."""
+    pos = np.searchsorted(values, _ints(col))
+    if col.null_count():
+        pos[col.is_null().to_numpy()] = values.size
+    return pos
+
+
+class _Lanes:
+    """The lanes ``(device, pid, stream)`` of the drawn ops in sorted order (nulls last), and
+    each op's position in it, found by arithmetic on the ranks of its three keys."""
+
+    def __init__(self, lanes: pl.DataFrame) -> None:
+        self.table = lanes.unique().sort(_LANE, nulls_last=True)
+        #: per key column, its distinct values (sorted)
+        self.values = [np.unique(self.table[c].drop_nulls().to_numpy()) for c in _LANE]
+        pair = self._pair(self.table)
+        self.pairs = np.unique(pair)  # the (device, pid) pairs' codes
+        self.codes = self._code(self.table, pair)  # each lane's code, ascending
+
+    def _pair(self, df: pl.DataFrame) -> np.ndarray:
+        return (_rank(self.values[0], df["device_id"]) * (self.values[1].size + 1)
+                + _rank(self.values[1], df["pid"]))
+
+    def _code(self, df: pl.DataFrame, pair: np.ndarray) -> np.ndarray:
+        # (a lane's code is below lanes ** 2: no overflow whatever the ids)
+        return (np.searchsorted(self.pairs, pair) * (self.values[2].size + 1)
+                + _rank(self.values[2], df["stream_id"]))
+
+    def __len__(self) -> int:
+        return self.table.height
+
+    def of(self, df: pl.DataFrame) -> np.ndarray:
+        """The lane (position in `table`) of each row of ``df`` (``device_id, pid,
+        stream_id``); meaningless for a row whose lane is not in the table."""
+        if len(self) == 1:
+            return np.zeros(df.height, np.int64)
+        return np.searchsorted(self.codes, self._code(df, self._pair(df)))
+
+
+def _keep(f: pl.DataFrame) -> np.ndarray:
+    """The ops drawn: timed, on a device, of no negative length."""
+    return f.select(((pl.col("start_ns") > 0) & pl.col("device_id").is_not_null()
+                     & (pl.col("end_ns") >= pl.col("start_ns"))).fill_null(False)
+                    ).to_series().to_numpy()
+
+
+@dataclass
+class _Scan:
+    keep: np.ndarray  # per op: drawn
+    t0: int
+    t1: int
+    in_order: bool  # the drawn ops are in start order already (loaded frames are)
+    lanes: _Lanes
+
+
+def _scan(ops: pl.DataFrame) -> _Scan | None:
+    """One pass over the ops: which are drawn, their span, their lanes (None: none drawn)."""
+    keep = np.zeros(ops.height, bool)
+    t0, t1, last, in_order = None, None, None, True
+    lanes = []
+    for a, b in _chunks(ops.height):
+        f = ops.slice(a, b - a)
+        k = keep[a:b] = _keep(f)
+        if not k.any():
+            continue
+        s, e = _ints(f["start_ns"])[k], _ints(f["end_ns"])[k]
+        t0 = int(s.min()) if t0 is None else min(t0, int(s.min()))
+        t1 = int(e.max()) if t1 is None else max(t1, int(e.max()))
+        in_order = in_order and (last is None or s[0] >= last) and bool(np.all(s[1:] >= s[:-1]))
+        last = int(s[-1])
+        f = f.select(_LANE)
+        lanes.append((f if k.all() else f.filter(pl.Series(k))).unique())
+    if t0 is None or t1 is None:
+        return None
+    return _Scan(keep, t0, t1, in_order, _Lanes(pl.concat(lanes)))
+
+
+def _in_start_order(ops: pl.DataFrame, scan: _Scan, api_rows: np.ndarray
+                    ) -> Iterator[tuple[pl.DataFrame, np.ndarray]]:
+    """The drawn ops in start order, chunk by chunk, with their API rows."""
+    cols = ops.select(*_LANE, "start_ns", "end_ns", "op_class")
+    if scan.in_order:
+        for a, b in _chunks(ops.height):
+            k = scan.keep[a:b]
+            if k.all():
+                yield cols.slice(a, b - a), api_rows[a:b]
+            elif k.any():
+                yield cols.slice(a, b - a).filter(pl.Series(k)), api_rows[a:b][k]
+        return
+    rows = np.flatnonzero(scan.keep)  # (frames built in memory: sorted here)
+    rows = rows[np.argsort(_ints(ops["start_ns"])[rows], kind="stable")]
+    for a, b in _chunks(rows.size):
+        yield cols[rows[a:b]], api_rows[rows[a:b]]
+
+
+@dataclass
+class _Cover:
+    """A lane's busy time: its ops' union, merged as the ops come in start order; the closed
+    blocks are counted into ``before`` (covered length before each bin edge, exact integers)
+    and the last block is kept open for the next chunk."""
+
+    before: np.ndarray
+    open_s: int | None = None
+    open_e: int = 0
+
+    def add(self, s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> None:
+        if self.open_s is not None:
+            s, e = np.concatenate([[self.open_s], s]), np.concatenate([[self.open_e], e])
+        reach = np.maximum.accumulate(e)
+        first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+        b_s, b_e = s[first], np.maximum.reduceat(e, first)
+        self.before += covered_before(b_s[:-1], b_e[:-1], edges)
+        self.open_s, self.open_e = int(b_s[-1]), int(b_e[-1])
+
+    def share(self, edges: np.ndarray) -> np.ndarray:
+        if self.open_s is not None:
+            self.before += covered_before(np.array([self.open_s]), np.array([self.open_e]),
+                                          edges)
+            self.open_s = None
+        return np.diff(self.before) / np.maximum(np.diff(edges), 1)
+
+
+def _class_codes(op_class: pl.Series) -> np.ndarray:
+    """The Enum code of each op's class (its physical type: one byte); null: the number of
+    classes."""
+    codes = op_class.to_physical()
+    return (codes.fill_null(len(op_class.dtype.categories)) if codes.null_count()
+            else codes).to_numpy()
+
+
+def _lane_stats(ops: pl.DataFrame, scan: _Scan, edges: np.ndarray, api_rows: np.ndarray,
+                n_api: int) -> tuple[np.ndarray, list[_Cover], np.ndarray]:
+    """Per lane: its ops per class (lanes x classes + 1, null last) and its busy time; and
+    which API calls launched a drawn op."""
+    n_cls = len(ops.schema["op_class"].categories) + 1
+    counts = np.zeros(len(scan.lanes) * n_cls, np.int64)
+    covers = [_Cover(np.zeros(edges.size, np.int64)) for _ in range(len(scan.lanes))]
+    launched = np.zeros(n_api, bool)
+    small = np.uint16 if len(scan.lanes) <= 1 << 16 else np.int64  # (a radix sort)
+    for f, rows in _in_start_order(ops, scan, api_rows):
+        lane = scan.lanes.of(f)
+        counts += np.bincount(lane * n_cls + _class_codes(f["op_class"]),
+                              minlength=counts.size)
+        s, e = _ints(f["start_ns"]), _ints(f["end_ns"])
+        by_lane = np.argsort(lane.astype(small), kind="stable")  # start order within a lane
+        lane = lane[by_lane]
+        cuts = np.concatenate([[0], np.flatnonzero(lane[1:] != lane[:-1]) + 1, [lane.size]])
+        for lo, hi in itertools.pairwise(cuts):
+            mine = by_lane[lo:hi]
+            covers[lane[lo]].add(s[mine], e[mine], edges)
+        launched[rows[rows >= 0]] = True
+    return counts.reshape(len(scan.lanes), n_cls), covers, launched
 
 
 def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
@@ -147,46 +391,40 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
     per-device class shares (`plots.device_timelines`) drawn as the engine-state strip."""
     strings = _Strings()
     blob = _Blob()
-    all_ops = _ops_frame(trace) if trace.has("gpu_ops") else pl.DataFrame()
-    if all_ops.is_empty():
+    ops = trace.gpu_ops if trace.has("gpu_ops") else None
+    scan = _scan(ops) if ops is not None else None
+    if ops is None or scan is None:
         return {"t0": 0, "t1": 1, "devices": [], "nvtx": None, "steps": [], "strings": [],
                 "blob": "", "layout": {}, "notes": ["No GPU op to draw."]}
-    t0 = int(all_ops["start_ns"].min())
-    t1 = int(all_ops["end_ns"].max())
-    t1 = max(t1, t0 + 1)
+    t0 = scan.t0
+    t1 = max(scan.t1, t0 + 1)
     notes = []
-    ops = _capped(all_ops, MAX_RAW_OPS)
-    if ops.height < all_ops.height:
-        notes.append(f"Zoomed in, the timeline shows the {ops.height:,} longest of "
-                     f"{all_ops.height:,} GPU ops (the overview counts all of them).")
-    ops = ops.sort(["device_id", "pid", "stream_id", "start_ns", "end_ns", "name", "api",
-                    "op_class"], nulls_last=True)
+    api = trace.cuda_api
+    api_rows = op_link.api_rows(trace)
     edges = np.linspace(t0, t1, N_BINS + 1).round().astype(np.int64)
+    counts, covers, launched = _lane_stats(ops, scan, edges, api_rows, api.height)
+    n_drawn = int(counts.sum())
+    drawn = _raw_ops(ops, scan, api, api_rows)
+    if drawn.size < n_drawn:
+        notes.append(f"Zoomed in, the timeline shows the {drawn.size:,} longest of "
+                     f"{n_drawn:,} GPU ops (the overview counts all of them).")
+    classes = ops.schema["op_class"].categories.to_list()
     state_of = {tl.device_id: tl for tl in states}
     devices = []
-    lanes_all = all_ops.select("device_id", "pid", "stream_id").unique().sort(
-        ["device_id", "pid", "stream_id"], nulls_last=True)
-    lane_ids: dict[tuple, int] = {}
-    dev_list = lanes_all["device_id"].unique().sort().to_list()
-    by_lane = all_ops.select("device_id", "pid", "stream_id", "start_ns", "end_ns",
-                             "op_class").partition_by(["device_id", "pid", "stream_id"],
-                                                      as_dict=True)
-    for dev in dev_list:
-        mine = lanes_all.filter(pl.col("device_id") == dev)
+    lanes_all = scan.lanes.table
+    lane_devices = lanes_all["device_id"].to_numpy()
+    for dev in lanes_all["device_id"].unique().sort().to_list():
+        mine = lanes_all.with_row_index("_lane").filter(pl.col("device_id") == dev)
         pids = mine["pid"].unique()
         lanes = []
-        for pid, stream in mine.select("pid", "stream_id").iter_rows():
-            lane_ids[(dev, pid, stream)] = len(lanes)
-            of_lane = by_lane[(dev, pid, stream)].sort(["start_ns", "end_ns"])
-            classes = of_lane["op_class"].value_counts().sort(
-                ["count", "op_class"], descending=[True, False], nulls_last=True)
+        for g, pid, stream in mine.select("_lane", "pid", "stream_id").iter_rows():
+            top = int(np.argmax(counts[g]))  # the most ops; the first class on a tie
             label = (f"pid {pid} stream {stream}" if pids.len() > 1 else f"stream {stream}")
             lanes.append({"pid": pid, "stream": stream, "label": label,
-                          "cls": CLASS_INDEX.get(classes["op_class"][0], OTHER_CLASS),
-                          "n_ops": of_lane.height,
-                          "overview": _share_bytes(_lane_coverage(
-                              of_lane["start_ns"].to_numpy(), of_lane["end_ns"].to_numpy(),
-                              edges))})
+                          "cls": CLASS_INDEX.get(classes[top] if top < len(classes) else None,
+                                                 OTHER_CLASS),
+                          "n_ops": int(counts[g].sum()),
+                          "overview": _share_bytes(covers[g].share(edges))})
         tl = state_of.get(int(dev))
         state = None
         if tl is not None:
@@ -196,8 +434,11 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
         devices.append({"id": int(dev), "lanes": lanes, "state": state,
                         "busy": None if tl is None else tl.busy_frac,
                         "gaps": _gaps(tables.get("gaps"), int(dev), t0, strings)})
-    _pack_ops(ops, lane_ids, t0, strings, blob)
-    nvtx = _nvtx(trace, all_ops, t0, strings, blob, notes)
+    del covers
+    _pack_ops(ops, drawn, scan.lanes, lane_devices, t0, strings, blob, api, api_rows)
+    del drawn
+    launchers = api["global_tid"].filter(pl.Series(launched)).drop_nulls().unique()
+    nvtx = _nvtx(trace, launchers, t0, strings, blob, notes)
     steps = tables.get("steps")
     step_rows = ([] if steps is None or steps.is_empty() else
                  [[int(s) - t0, int(e) - t0, int(n)] for n, s, e in
@@ -206,6 +447,78 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
     return {"t0": t0, "t1": t1 - t0, "n_bins": N_BINS, "devices": devices, "nvtx": nvtx,
             "steps": step_rows, "strings": strings.values, "blob": blob.encode(),
             "layout": blob.layout, "notes": notes}
+
+
+def _raw_ops(ops: pl.DataFrame, scan: _Scan, api: pl.DataFrame, api_rows: np.ndarray
+             ) -> np.ndarray:
+    """The rows of the ops drawn one by one: the `MAX_RAW_OPS` longest, ties broken by
+    every column (device, pid, stream, start, end, class, name, launching call and thread;
+    row order is no data)."""
+    start, end = ops["start_ns"], ops["end_ns"]
+
+    def durations(a: int, b: int) -> np.ndarray:
+        d = _ints(end.slice(a, b - a)) - _ints(start.slice(a, b - a))
+        d[~scan.keep[a:b]] = -1
+        return d
+
+    def tie_order(rows: np.ndarray) -> np.ndarray:
+        tied = ops.select(*_LANE, "start_ns", "end_ns", "op_class", "name")[rows]
+        return tied.with_columns(
+            op_link.gather(api["name"], api_rows[rows]).alias("api"),
+            op_link.gather(api["global_tid"], api_rows[rows]).alias("launch_tid"),
+            pl.Series("_row", rows)).sort([*tied.columns, "api", "launch_tid"],
+                                          nulls_last=True)["_row"].to_numpy()
+
+    return _longest(ops.height, durations, MAX_RAW_OPS, tie_order)[0]
+
+
+def _pack_ops(ops: pl.DataFrame, rows: np.ndarray, lanes: _Lanes, lane_devices: np.ndarray,
+              t0: int, strings: _Strings, blob: _Blob, api: pl.DataFrame,
+              api_rows: np.ndarray) -> None:
+    """The ops columns of ``rows``, grouped by device then lane, start-sorted within a lane
+    (then by end, name, launching call and class)."""
+    lane = np.zeros(rows.size, np.int32)
+    keys = ops.select(_LANE)
+    for a, b in _chunks(rows.size):
+        lane[a:b] = lanes.of(keys[rows[a:b]])
+    start = _ints(ops["start_ns"].gather(rows))
+    end = _ints(ops["end_ns"].gather(rows))
+    name = ops["name"].gather(rows)
+    call = op_link.gather(api["name"], api_rows[rows])
+    op_class = ops["op_class"].gather(rows)
+    order = _lex_order([lane, start, end, _text_rank(name), _text_rank(call),
+                        _class_codes(op_class)])
+    lane, start, end = lane[order], start[order], end[order]
+    # a lane's position among its device's lanes (lanes are sorted by device)
+    first_of_device = np.searchsorted(lane_devices, lane_devices)
+    dev = lane_devices[lane]
+    end -= t0
+    start -= t0
+    # a lane's first op keeps its absolute offset; the others, the delta to the previous one
+    same = np.zeros(start.size, bool)
+    if start.size:
+        same[1:] = lane[1:] == lane[:-1]
+    delta = start.copy()
+    delta[1:] = np.where(same[1:], start[1:] - start[:-1], start[1:])
+    cls = np.array([CLASS_INDEX.get(c, OTHER_CLASS) for c in
+                    [*op_class.dtype.categories.to_list(), None]], np.uint8)
+    blob.add("op_device", dev)
+    blob.add("op_lane", lane - first_of_device[lane])
+    blob.add("op_start", delta)
+    del delta
+    blob.add("op_dur", end - start)
+    blob.add("op_class", cls[_class_codes(op_class.gather(order))])
+    blob.add("op_name", strings.index(name.gather(order)))
+    blob.add("op_api", strings.index(call.gather(order)))
+
+
+def _capped(df: pl.DataFrame, cap: int) -> pl.DataFrame:
+    """At most ``cap`` rows: the longest, ties broken by every key (row order is no data)."""
+    if df.height <= cap:
+        return df
+    return df.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d")).sort(
+        ["_d", *[c for c in df.columns if c != "_d"]], descending=[True] + [False] * df.width,
+        nulls_last=True).head(cap).drop("_d")
 
 
 def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: _Strings) -> list[list]:
@@ -220,55 +533,41 @@ def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: _Strings) -> li
             zip(g.select("start_ns", "end_ns").iter_rows(), cause, detail, strict=True)]
 
 
-def _pack_ops(ops: pl.DataFrame, lane_ids: dict[tuple, int], t0: int, strings: _Strings,
-              blob: _Blob) -> None:
-    """The ops columns, grouped by device then lane, start-sorted within a lane."""
-    ids = pl.DataFrame([(d, p, st, i) for (d, p, st), i in lane_ids.items()],
-                       schema={"device_id": ops.schema["device_id"], "pid": ops.schema["pid"],
-                               "stream_id": ops.schema["stream_id"], "_lane": pl.Int64},
-                       orient="row")
-    lane = ops.select("device_id", "pid", "stream_id").join(
-        ids, on=["device_id", "pid", "stream_id"], how="left", nulls_equal=True,
-        maintain_order="left")["_lane"].to_numpy()
-    dev = ops["device_id"].to_numpy()
-    start = ops["start_ns"].to_numpy() - t0
-    # a lane's first op keeps its absolute offset; the others, the delta to the previous one
-    same = np.zeros(start.size, bool)
-    if start.size:
-        same[1:] = (dev[1:] == dev[:-1]) & (lane[1:] == lane[:-1])
-    delta = start.copy()
-    delta[1:] = np.where(same[1:], start[1:] - start[:-1], start[1:])
-    cls = ops["op_class"].replace_strict(CLASS_INDEX, default=OTHER_CLASS,
-                                         return_dtype=pl.UInt8).to_numpy()
-    blob.add("op_device", dev.astype(np.int64))
-    blob.add("op_lane", lane)
-    blob.add("op_start", delta)
-    blob.add("op_dur", (ops["end_ns"] - ops["start_ns"]).to_numpy())
-    blob.add("op_class", cls)
-    blob.add("op_name", strings.index(ops["name"]))
-    blob.add("op_api", strings.index(ops["api"]))
-
-
-def _nvtx(trace: Trace, ops: pl.DataFrame, t0: int, strings: _Strings, blob: _Blob,
+def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: _Strings, blob: _Blob,
           notes: list[str]) -> dict[str, Any] | None:
-    """NVTX ranges of the threads that launched GPU ops, one lane per thread."""
+    """NVTX ranges of the threads that launched GPU ops (``launchers``), one lane per
+    thread."""
     if not trace.has("nvtx") or trace.nvtx.is_empty():
         return None
-    launchers = ops["launch_tid"].drop_nulls().unique()
-    n = trace.nvtx.select("start_ns", "end_ns", "global_tid", "pid", "tid", "name", "depth")
-    n = n.filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("start_ns"))
-                 & (pl.col("end_ns") >= t0) & pl.col("global_tid").is_in(launchers.implode()))
+    nvtx = trace.nvtx
+    cols = ["start_ns", "end_ns", "global_tid", "pid", "tid", "name", "depth"]
+    drawn = (pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("start_ns"))
+             & (pl.col("end_ns") >= t0) & pl.col("global_tid").is_in(launchers.implode()))
     # a range that began before the first GPU op is drawn from there (offsets are unsigned)
-    n = n.with_columns(pl.max_horizontal("start_ns", pl.lit(t0)).alias("start_ns"))
-    if n.is_empty():
+    from_t0 = pl.max_horizontal("start_ns", pl.lit(t0)).alias("start_ns")
+
+    def durations(a: int, b: int) -> np.ndarray:
+        f = nvtx.slice(a, b - a)
+        k = f.select(drawn.fill_null(False)).to_series().to_numpy()
+        d = _ints(f["end_ns"]) - np.maximum(_ints(f["start_ns"]), t0)
+        d[~k] = -1
+        return d
+
+    def tie_order(rows: np.ndarray) -> np.ndarray:
+        tied = nvtx.select(cols)[rows].with_columns(from_t0, pl.Series("_row", rows))
+        return tied.sort(cols, nulls_last=True)["_row"].to_numpy()
+
+    rows, total = _longest(nvtx.height, durations, MAX_NVTX, tie_order)
+    if total == 0:
         return None
-    total = n.height
-    n = _capped(n, MAX_NVTX)
-    if n.height < total:
-        notes.append(f"The NVTX lanes show the {n.height:,} longest of {total:,} ranges.")
+    if rows.size < total:
+        notes.append(f"The NVTX lanes show the {rows.size:,} longest of {total:,} ranges.")
+    n = nvtx.select(cols)[rows].with_columns(from_t0)
+    del rows
     threads = n.select("global_tid", "pid", "tid").unique().sort("global_tid")
     index = {g: i for i, g in enumerate(threads["global_tid"].to_list())}
-    n = n.sort(["global_tid", "start_ns", "end_ns", "name", "depth"], nulls_last=True)
+    n = n[_lex_order([_ints(n["global_tid"]), _ints(n["start_ns"]), _ints(n["end_ns"]),
+                      _text_rank(n["name"]), _ints(n["depth"], 1 << 40)])]
     depth = n["depth"].fill_null(0).clip(0, MAX_NVTX_DEPTH).to_numpy()
     thread = n["global_tid"].replace_strict(index, return_dtype=pl.Int64).to_numpy()
     blob.add("nvtx_thread", thread)
@@ -276,8 +575,8 @@ def _nvtx(trace: Trace, ops: pl.DataFrame, t0: int, strings: _Strings, blob: _Bl
     blob.add("nvtx_start", n["start_ns"].to_numpy() - t0)
     blob.add("nvtx_dur", (n["end_ns"] - n["start_ns"]).to_numpy())
     blob.add("nvtx_name", strings.index(n["name"]))
-    rows = []
+    out = []
     for i, (g, pid, tid) in enumerate(threads.iter_rows()):
-        rows.append({"pid": pid, "tid": tid, "label": f"pid {pid} tid {tid}",
-                     "depth": int(depth[thread == i].max()) + 1, "global_tid": g})
-    return {"threads": rows, "n": n.height}
+        out.append({"pid": pid, "tid": tid, "label": f"pid {pid} tid {tid}",
+                    "depth": int(depth[thread == i].max()) + 1, "global_tid": g})
+    return {"threads": out, "n": n.height}

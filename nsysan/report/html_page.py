@@ -162,6 +162,14 @@ def render(diagnosis: Any, trace: Trace, tables: dict[str, pl.DataFrame],
            payload: dict[str, Any], static_svgs: list[tuple[int, str, str]],
            layers_svg: str | None) -> str:
     """The page as text (deterministic: the same inputs give the same bytes)."""
+    return "".join(render_parts(diagnosis, trace, tables, payload, static_svgs, layers_svg))
+
+
+def render_parts(diagnosis: Any, trace: Trace, tables: dict[str, pl.DataFrame],
+                 payload: dict[str, Any], static_svgs: list[tuple[int, str, str]],
+                 layers_svg: str | None) -> list[str]:
+    """`render`'s text in pieces, for `atomic_write` to write one after the other (the raw
+    ops are most of the page: it is never held twice, as one string and as bytes)."""
     v = diagnosis.verdict
     title = f"nsysan — {trace.trace_id}"
     parts = [
@@ -213,10 +221,10 @@ def render(diagnosis: Any, trace: Trace, tables: dict[str, pl.DataFrame],
     parts.append(f"<script type='application/json' id='nsysan-data'>{_script_json(small)}"
                  "</script>")
     parts.append(f"<script>{_asset('report.js')}</script>")
-    parts.append(f"<script type='application/octet-stream' id='nsysan-ops'>{blob}</script>"
-                 "</body></html>\n")
-    return "".join(parts)
+    parts += ["<script type='application/octet-stream' id='nsysan-ops'>", blob,
+              "</script></body></html>\n"]
+    return parts
 
 
-def write(path: Path, text: str) -> Path:
+def write(path: Path, text: str | list[str]) -> Path:
     return atomic_write(path, text)

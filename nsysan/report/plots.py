@@ -12,6 +12,7 @@ matplotlib, whose import alone cost more than a whole analysis of a small trace.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ _COLORS = {"compute": "#2e7d32", "nccl": "#1565c0", "h2d": "#ef6c00", "d2h": "#8
            "d2d": "#6d4c41", "p2p": "#00838f", "memset": "#757575",
            "exposed nccl": "#c62828", "idle": "#bdbdbd", "memory in use": "#6a1b9a"}
 MAX_GAPS = 300  # longest gaps drawn per device (all are in gaps.parquet)
+PNG_BINS = 600  # time bins of the timeline pictures
 MAX_STEP_LINES = 400
 
 
@@ -89,10 +91,18 @@ def _present_classes(op_classes: pl.Series) -> set[str | None]:
 
 def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                      window: tuple[int, int] | None = None,
-                     n_bins: int = 600) -> list[DeviceTimeline]:
+                     n_bins: int = PNG_BINS) -> list[DeviceTimeline]:
     """Binned per-device activity from gpu_ops (and gaps / steps tables when present)."""
+    return binned_timelines(trace, tables, window, (n_bins,))[0]
+
+
+def binned_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
+                     window: tuple[int, int] | None, bins: Sequence[int]
+                     ) -> list[list[DeviceTimeline]]:
+    """`device_timelines` at each bin count of ``bins`` (the pictures' and the page's), from
+    the same unions: each is cut from the sorted ops once, not once per bin count."""
     if not trace.has("gpu_ops") or trace.gpu_ops.is_empty():
-        return []
+        return [[] for _ in bins]
     ops = trace.gpu_ops.lazy()
     spans, classes = pl.collect_all([  # (side by side in polars' threads)
         ops.filter(pl.col("start_ns") > 0)
@@ -117,32 +127,14 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
                    if steps is not None and steps.height <= MAX_STEP_LINES else [])
     memory = _memory_levels(trace) if "memory" in tables else {}
-    out = []
+    out: list[list[DeviceTimeline]] = [[] for _ in bins]
     for dev, t0, t1 in spans.sort("device_id").iter_rows():  # one iteration per device
         if t1 <= t0:
             continue
-        edges = np.linspace(t0, t1, n_bins + 1).round().astype(np.int64)
-
         # (a null device id gets no blocks: the equality filter this replaces matched none)
         mine = {c: b.of(dev) if dev is not None else (np.zeros(0), np.zeros(0))
                 for c, b in [*per_cls.items(), ("busy", busy)]}
         drawn = [c for c in per_cls if mine[c][0].size]
-        width = np.maximum(np.diff(edges), 1)
-        # compute, and compute ∪ nccl (exposed nccl: the part compute leaves), from the same
-        # prefix sums of the compute blocks
-        none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        shared = (_covered_by_both(*mine.get("compute", none), *mine["nccl"], edges)
-                  if "nccl" in drawn else None)
-        lanes = {c: np.diff(shared[0]) / width if c == "compute" and shared is not None
-                 else _coverage(*mine[c], edges) for c in drawn}
-        b = _coverage(*mine["busy"], edges)
-        if shared is not None:
-            lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
-                                            - lanes.get("compute", 0.0), 0, 1)
-        lanes["idle"] = 1 - b
-        lanes.update(_host_lanes(trace, tables, edges))
-        if int(dev) in memory:  # only when the memory pass found memory-usage events
-            lanes["memory in use"] = _memory_share(*memory[int(dev)], edges)
         g = pl.DataFrame(schema={"start_ns": pl.Int64, "end_ns": pl.Int64,
                                  "duration_ns": pl.Int64, "cause": pl.String,
                                  "cause_detail": pl.String})
@@ -150,7 +142,25 @@ def device_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
             g = (gaps.filter((pl.col("scope") == "device") & (pl.col("device_id") == dev))
                  .sort(["duration_ns", "start_ns"], descending=[True, False]).head(MAX_GAPS)
                  .select(g.columns).sort("start_ns"))
-        out.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
+        for n_bins, timelines in zip(bins, out, strict=True):
+            edges = np.linspace(t0, t1, n_bins + 1).round().astype(np.int64)
+            width = np.maximum(np.diff(edges), 1)
+            # compute, and compute ∪ nccl (exposed nccl: the part compute leaves), from the
+            # same prefix sums of the compute blocks
+            none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            shared = (_covered_by_both(*mine.get("compute", none), *mine["nccl"], edges)
+                      if "nccl" in drawn else None)
+            lanes = {c: np.diff(shared[0]) / width if c == "compute" and shared is not None
+                     else _coverage(*mine[c], edges) for c in drawn}
+            b = _coverage(*mine["busy"], edges)
+            if shared is not None:
+                lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
+                                                - lanes.get("compute", 0.0), 0, 1)
+            lanes["idle"] = 1 - b
+            lanes.update(_host_lanes(trace, tables, edges))
+            if int(dev) in memory:  # only when the memory pass found memory-usage events
+                lanes["memory in use"] = _memory_share(*memory[int(dev)], edges)
+            timelines.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
     return out
 
 
@@ -323,18 +333,23 @@ def _svg_layers(layers: pl.DataFrame, top: int = 20, width: int = 700) -> str:
 
 def report_html(path: Path, diagnosis: Any, trace: Trace, timelines: list[DeviceTimeline],
                 layers: pl.DataFrame | None,
-                tables: dict[str, pl.DataFrame] | None = None) -> Path:
+                tables: dict[str, pl.DataFrame] | None = None,
+                states: list[DeviceTimeline] | None = None) -> Path:
     """The interactive page (`nsysan.report.html_page`); the SVG strips are its no-script
-    fallback."""
+    fallback. ``states``: the devices binned at `html_data.N_BINS` (binned here when not
+    given; `binned_timelines` bins both at once)."""
     from nsysan.report import html_data, html_page
 
     tables = tables if tables is not None else {}
     window = timelines[0].window if timelines else None
-    states = device_timelines(trace, tables, window, n_bins=html_data.N_BINS)
+    if states is None:
+        states = device_timelines(trace, tables, window, n_bins=html_data.N_BINS)
     payload = html_data.timeline_data(trace, tables, states)
     svgs = [(tl.device_id, fmt_frac(tl.busy_frac), _svg_timeline(tl)) for tl in timelines]
     with_layers = (layers is not None and layers.height > 0
                    and diagnosis.attribution_note() is None)
-    text = html_page.render(diagnosis, trace, tables, payload, svgs,
-                            _svg_layers(layers) if with_layers and layers is not None else None)
-    return atomic_write(path, text)
+    parts = html_page.render_parts(diagnosis, trace, tables, payload, svgs,
+                                   _svg_layers(layers) if with_layers and layers is not None
+                                   else None)
+    del payload  # (the parts hold the raw ops' text)
+    return atomic_write(path, parts)

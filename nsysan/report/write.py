@@ -16,7 +16,7 @@ from typing import Any
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult
 from nsysan.passes.schedule import analysis_context
-from nsysan.report import plots
+from nsysan.report import html_data, plots
 from nsysan.report.jsonout import write_findings_json
 from nsysan.report.manifest import ManifestInfo, inputs_of, prefetch_sha256, write_manifest
 from nsysan.report.markdown import write_markdown
@@ -80,7 +80,9 @@ def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassRe
     written: list[Path] = []
     window = ((diagnosis.baseline.window_start_ns, diagnosis.baseline.window_end_ns)
               if diagnosis.baseline.window_start_ns is not None else None)
-    timelines = plots.device_timelines(trace, tables, window)
+    # the pictures' bins and the page's, from the same unions of the ops
+    timelines, states = plots.binned_timelines(trace, tables, window,
+                                               (plots.PNG_BINS, html_data.N_BINS))
     pngs = [(tl.device_id, f"timeline_device{tl.device_id}.png") for tl in timelines]
     images: dict[str, str] = {}
     with_layers = (layers is not None and layers.height > 0
@@ -95,7 +97,7 @@ def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassRe
         drawn = [pool.submit(plots.timeline_png, tl, out / name)
                  for tl, (_, name) in zip(timelines, pngs, strict=True)]
         html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers,
-                                 tables)
+                                 tables, states)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
                             tables.get("overlap"),
                             {k: tables[k] for k in ("host_threads", "host_layers") if k in tables})
