@@ -117,3 +117,64 @@ def test_timeline_gains_a_host_lane_per_launching_thread(tmp_path: Path) -> None
             for b0, b1 in zip(tl.edges[:-1].tolist(), tl.edges[1:].tolist(), strict=True)]
     assert np.allclose(lane, want)
     assert not any(k.startswith("host") for k in plots.device_timelines(result.trace, {})[0].lanes)
+
+
+def test_host_lane_bins_take_the_layer_of_most_samples(tmp_path: Path) -> None:
+    """Brute force over the raw COMPOSITE_EVENTS/SAMPLING_CALLCHAINS rows: the leaf module
+    (a libc leaf counts in its caller's), layer by module, most samples per bin, ties in
+    `HOST_LAYERS` order; bins without a sample are -1."""
+    import sqlite3
+    from collections import Counter
+
+    from nsysan.frames.host_taxonomy import HOST_LAYERS
+    from nsysan.report import plots
+
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    result = api.analyze(path)
+    (tl,) = plots.device_timelines(result.trace, result.tables, n_bins=97)
+    got = tl.host_layers["host 4242 data"]
+    layer_of = {hs.DALI: "data_pipeline", hs.JPEG: "data_pipeline", hs.PYTHON: "framework"}
+    with sqlite3.connect(path) as db:
+        names = dict(db.execute("SELECT id, value FROM StringIds"))
+        stacks: dict[int, list[str]] = {}
+        for sid, module, _depth in db.execute(
+                "SELECT id, module, stackDepth FROM SAMPLING_CALLCHAINS ORDER BY id, stackDepth"):
+            stacks.setdefault(sid, []).append(names[module])
+        times = dict(db.execute("SELECT id, start FROM COMPOSITE_EVENTS"))
+    edges = tl.edges.tolist()
+    per_bin: list[Counter[str]] = [Counter() for _ in range(len(edges) - 1)]
+    for sid, t in times.items():
+        module = next(m for m in stacks[sid] if m != hs.LIBC)
+        inside = [i for i in range(len(edges) - 1)  # (the bins span the device's ops)
+                  if edges[i] <= t < edges[i + 1] or (i == len(edges) - 2 and t == edges[-1])]
+        for k in inside:
+            per_bin[k][layer_of[module]] += 1
+    want = [-1 if not c else min(HOST_LAYERS.index(x) for x in c
+                                 if c[x] == max(c.values())) for c in per_bin]
+    assert got.tolist() == want and -1 in want
+    assert {HOST_LAYERS[i] for i in set(want) - {-1}} == {"data_pipeline", "framework"}
+
+
+def test_timeline_png_colours_host_lanes_by_layer(tmp_path: Path) -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from nsysan.frames.host_taxonomy import HOST_LAYERS
+    from nsysan.report import plots
+
+    # one colour per host layer, in its order, then the one of bins without a sample
+    assert len(plots._HOST_LAYER_COLORS) == len(HOST_LAYERS) + 1
+    assert [k.replace(" ", "_") for k in plots._HOST_LAYER_COLORS][:4] == list(HOST_LAYERS[:4])
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    result = api.analyze(path)
+    (tl,) = plots.device_timelines(result.trace, result.tables)
+    png = plots.timeline_png(tl, tmp_path / "t.png")
+    img = np.asarray(Image.open(io.BytesIO(png.read_bytes())).convert("RGB"))
+    orange = np.array([0xEF, 0x6C, 0x00])  # data pipeline, at full on-CPU share
+    assert (np.abs(img.astype(int) - orange).sum(axis=2) == 0).sum() > 1000
+    plain = plots.DeviceTimeline(tl.device_id, tl.edges, tl.busy, tl.lanes, tl.gaps)
+    without = np.asarray(Image.open(plots.timeline_png(plain, tmp_path / "p.png")))
+    assert img.shape[0] == without.shape[0] + 18  # the layers' legend row
+    assert (np.abs(without[..., :3].astype(int) - orange).sum(axis=2) == 0).sum() < 1000

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.findings.evidence import fmt_frac, fmt_ns
+from nsysan.frames.host_taxonomy import HOST_LAYERS
 from nsysan.frames.schemas import OVERLAP_CLASS_OF_OP_CLASS
 from nsysan.frames.trace import Trace
 from nsysan.passes import device_blocks
@@ -45,6 +46,9 @@ class DeviceTimeline:
     gaps: pl.DataFrame  # start_ns, end_ns, duration_ns, cause, cause_detail
     steps: list[int] = field(default_factory=list)  # step start times
     window: tuple[int, int] | None = None  # analysed window
+    # host lane -> per bin, the `HOST_LAYERS` index most of the thread's samples in the bin
+    # are in (-1: no sample in the bin); the PNG colours the lane's bins by it
+    host_layers: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def busy_frac(self) -> float:
@@ -127,6 +131,7 @@ def binned_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     step_starts = (steps.sort("start_ns")["start_ns"].to_list()
                    if steps is not None and steps.height <= MAX_STEP_LINES else [])
     memory = _memory_levels(trace) if "memory" in tables else {}
+    host = _host_lanes(trace, tables)
     out: list[list[DeviceTimeline]] = [[] for _ in bins]
     for dev, t0, t1 in spans.sort("device_id").iter_rows():  # one iteration per device
         if t1 <= t0:
@@ -157,10 +162,13 @@ def binned_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
                 lanes["exposed nccl"] = np.clip(np.diff(shared[1]) / width
                                                 - lanes.get("compute", 0.0), 0, 1)
             lanes["idle"] = 1 - b
-            lanes.update(_host_lanes(trace, tables, edges))
+            host_layers = {}
+            for lane in host:
+                lanes[lane.label], host_layers[lane.label] = lane.bins(edges)
             if int(dev) in memory:  # only when the memory pass found memory-usage events
                 lanes["memory in use"] = _memory_share(*memory[int(dev)], edges)
-            timelines.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window))
+            timelines.append(DeviceTimeline(int(dev), edges, b, lanes, g, step_starts, window,
+                                            host_layers))
     return out
 
 
@@ -170,27 +178,82 @@ _LAYER_ABBR = {"runtime_driver": "drv", "data_pipeline": "data", "framework": "f
                "profiler": "prof", "unknown": "?"}
 
 
-def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame], edges: np.ndarray
-                ) -> dict[str, np.ndarray]:
-    """One lane per launching thread (host pass): its on-CPU share per bin, labelled with its
-    thread id and the layer most of its samples are in (abbreviated)."""
+@dataclass
+class _HostLane:
+    """A launching thread drawn as a host lane: its on-CPU intervals (sorted, disjoint) and
+    its samples' times and `HOST_LAYERS` indexes."""
+    label: str
+    on_start: np.ndarray
+    on_end: np.ndarray
+    sample_ns: np.ndarray
+    sample_layer: np.ndarray
+
+    def bins(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Its on-CPU share and its layer (`_bin_layers`) per bin of ``edges``."""
+        return (_coverage(self.on_start, self.on_end, edges),
+                _bin_layers(self.sample_ns, self.sample_layer, edges))
+
+
+# the host lanes' bins by the layer of most samples (`HOST_LAYERS` order; the last entry is
+# the colour of bins without a sample: index -1)
+_HOST_LAYER_COLORS = {
+    "framework": "#8e24aa", "data pipeline": "#ef6c00", "communication": "#283593",
+    "operator library": "#00897b", "driver": "#1e88e5", "os": "#795548", "profiler": "#9e9d24",
+    "unknown": "#9e9e9e", "no sample": "#263238",
+}
+
+
+def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame]) -> list[_HostLane]:
+    """One lane per launching thread (host pass; at most `MAX_HOST_LANES`, most samples
+    first), labelled with its thread id and the layer most of its samples are in
+    (abbreviated). Read once, binned per device and bin count."""
     threads = tables.get("host_threads")
     if threads is None or threads.is_empty() or not trace.meta.tables.has_rows("SCHED_EVENTS"):
-        return {}
+        return []
     launchers = (threads.filter((pl.col("role") == "launcher") & pl.col("on_cpu_ns").is_not_null())
                  .sort(["n_samples", "global_tid"], descending=[True, False])
                  .head(MAX_HOST_LANES))
     if launchers.is_empty():
-        return {}
-    sched = trace.frame("sched").filter(
-        pl.col("global_tid").is_in(launchers["global_tid"].implode())).sort("start_ns")
-    out = {}
+        return []
+    tids = launchers["global_tid"].implode()
+    sched = trace.frame("sched").filter(pl.col("global_tid").is_in(tids)).sort("start_ns")
+    samples = _launcher_samples(trace, tids)
+    out = []
     for r in launchers.iter_rows(named=True):  # at most MAX_HOST_LANES
-        mine = sched.filter(pl.col("global_tid") == r["global_tid"])
+        on = sched.filter(pl.col("global_tid") == r["global_tid"])
+        mine = samples.filter(pl.col("global_tid") == r["global_tid"])
         # short: the lane labels share a narrow margin ("host 4242 drv": tid, top layer)
         label = f"host {r['tid']} {_LAYER_ABBR.get(r['top_layer'] or '', '')}".strip()
-        out[label] = _coverage(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), edges)
+        out.append(_HostLane(label, on["start_ns"].to_numpy(), on["end_ns"].to_numpy(),
+                             mine["time_ns"].to_numpy(), mine["code"].to_numpy()))
     return out
+
+
+def _launcher_samples(trace: Trace, tids: pl.Series) -> pl.DataFrame:
+    """The CPU samples of the threads ``tids`` with the host pass' layer of each
+    (`host.sample_layers`: the same rules as the tables), as `HOST_LAYERS` indexes."""
+    from nsysan.passes import host
+
+    if not host.captured(trace)[1]:
+        return pl.DataFrame(schema={"global_tid": pl.Int64, "time_ns": pl.Int64,
+                                    "code": pl.UInt8})
+    raw = trace.frame("cpu_samples").filter(pl.col("global_tid").is_in(tids))
+    return host.sample_layers(trace, raw).select(
+        "global_tid", "time_ns", code=pl.col("layer").to_physical())
+
+
+def _bin_layers(t: np.ndarray, layer: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per bin, the `HOST_LAYERS` index most of the samples (times ``t``, indexes ``layer``)
+    in the bin have (ties: the first in `HOST_LAYERS` order, as the tables' ``top_layer``);
+    -1 where the bin has none. A bin holds [its start, the next bin's start); the last, its
+    end too."""
+    n_bins, n_layers = edges.size - 1, len(HOST_LAYERS)
+    inside = (t >= edges[0]) & (t <= edges[-1])
+    k = np.minimum(np.searchsorted(edges, t[inside], side="right") - 1, n_bins - 1)
+    code = layer[inside].astype(np.int64)
+    counts = np.bincount(k * n_layers + code, minlength=n_bins * n_layers)
+    counts = counts.reshape(n_bins, n_layers)
+    return np.where(counts.any(axis=1), counts.argmax(axis=1), -1).astype(np.int8)
 
 
 def _memory_levels(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
@@ -230,8 +293,9 @@ def timeline_png(tl: DeviceTimeline, path: Path, title: str = "") -> Path:
 
     title = title or (f"device {tl.device_id}: GPU busy {fmt_frac(tl.busy_frac)} "
                       f"(red: gaps ≥ threshold, dashed: analysed window)")
+    host = (tl.host_layers, [*_HOST_LAYER_COLORS.items()]) if tl.host_layers else None
     png = raster.timeline(tl.edges, tl.busy, tl.lanes, tl.gaps, tl.steps, tl.window, _COLORS,
-                          title)
+                          title, host)
     return atomic_write(path, png)
 
 

@@ -72,15 +72,22 @@ def _ticks(lo: float, hi: float, n: int = 6) -> np.ndarray:
 
 def timeline(edges: np.ndarray, busy: np.ndarray, lanes: dict[str, np.ndarray],
              gaps: pl.DataFrame, steps: list[int], window: tuple[int, int] | None,
-             colors: dict[str, str], title: str) -> bytes:
+             colors: dict[str, str], title: str,
+             host: tuple[dict[str, np.ndarray], list[tuple[str, str]]] | None = None) -> bytes:
     """Utilisation panel (busy area, compute and exposed-NCCL curves, gaps shaded red, step
-    lines dotted, analysed window dashed) above one heat-strip lane per class."""
+    lines dotted, analysed window dashed) above one heat-strip lane per class.
+
+    ``host``: the lanes whose bins are coloured by a category, ``{lane: index per bin}``, and
+    the categories ``[(name, colour)]`` (index -1: the last one); those lanes shade from white
+    to their bin's colour by share, and a legend of the categories drawn is added."""
     w, left, right, top = 1200, 90, 20, 28
     ph = 230  # utilisation panel height (0..105 %)
     lane_h = 18
     names = list(lanes)
     lanes_top = top + ph + 24
-    h = lanes_top + lane_h * len(names) + 46
+    categorical, categories = host if host is not None else ({}, [])
+    legend_h = 18 if categorical else 0
+    h = lanes_top + lane_h * len(names) + 46 + legend_h
     pw = w - left - right
     img = np.full((h, w, 3), 255, dtype=np.uint8)
     t0, t1 = float(edges[0]), float(edges[-1])
@@ -116,10 +123,17 @@ def timeline(edges: np.ndarray, busy: np.ndarray, lanes: dict[str, np.ndarray],
         panel[((np.arange(ph) % 8) < 5)[:, None] & cols[None, :]] = (0, 0, 0)
     # lanes: white -> dark green by share, like a Greens colour map
     lo, hi = np.array([247, 252, 245], np.float32), np.array([0, 68, 27], np.float32)
+    palette = np.array([rgb(c) for _, c in categories] or [(0, 0, 0)], np.float32)
+    white = np.array(WHITE, np.float32)
     for j, name in enumerate(names):
         v = np.clip(lanes[name][col_bin], 0, 1)[:, None]
         y = lanes_top + j * lane_h
-        img[y + 1:y + lane_h - 1, left:left + pw] = (lo + (hi - lo) * v).astype(np.uint8)
+        if name in categorical:  # white -> the bin's category colour by share
+            top_c = palette[categorical[name][col_bin]]  # (index -1: the last category)
+            strip = white + (top_c - white) * v
+        else:
+            strip = lo + (hi - lo) * v
+        img[y + 1:y + lane_h - 1, left:left + pw] = strip.astype(np.uint8)
     # frames
     for y0, y1 in ((top, top + ph), (lanes_top, lanes_top + lane_h * len(names))):
         img[y0:y1, [left - 1, left + pw]] = INK
@@ -156,7 +170,19 @@ def timeline(edges: np.ndarray, busy: np.ndarray, lanes: dict[str, np.ndarray],
         x = left + (t * 1e9 - t0) / max(t1 - t0, 1) * pw
         d.line((x, axis_y, x, axis_y + 4), fill=INK)
         d.text((x, axis_y + 6), f"{t:g}", fill=INK, font=small, anchor="ma")
-    d.text((left + pw // 2, h - 16), "session time (s)", fill=INK, font=f, anchor="ma")
+    d.text((left + pw // 2, h - 16 - legend_h), "session time (s)", fill=INK, font=f,
+           anchor="ma")
+    if categorical:  # the categories some bin of a categorical lane has
+        drawn = np.unique(np.concatenate([categorical[n][col_bin] for n in categorical]))
+        shown = [categories[int(i)] for i in sorted(drawn % len(categories))]
+        x = left
+        d.text((x, h - 12), "host lanes (on-CPU share; colour: layer of most samples):",
+               fill=INK, font=small, anchor="lm")
+        x += 300
+        for label, color in shown:
+            d.rectangle((x, h - 16, x + 14, h - 8), fill=rgb(color))
+            d.text((x + 18, h - 12), plain(label), fill=INK, font=small, anchor="lm")
+            x += 18 + int(d.textlength(plain(label), font=small)) + 14
     return png_bytes(im)
 
 
