@@ -11,12 +11,12 @@ import pytest
 from conftest import REPO_ROOT
 from polars.testing import assert_frame_equal
 
-from nsysan.frames import schemas
+from nsysan.frames import schemas, schemas_host
 from nsysan.load import cache, open_trace
 from nsysan.load.sqlite import SqliteSource
 
 FIXTURES = REPO_ROOT / "fixtures"
-ALL_FRAMES = {**schemas.CANONICAL, **schemas.HOST_EVIDENCE}
+ALL_FRAMES = {**schemas.CANONICAL, **schemas_host.HOST_EVIDENCE}
 
 
 @pytest.mark.parametrize("name", ["example_ddp.sqlite", "cpu_host_sampling.sqlite",

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from conftest import FAKE_NSYS, NEW_HEADER, OLD_HEADER, REPO_ROOT, TOO_NEW, make_nsys_sqlite
 from polars.testing import assert_frame_equal
 
-import nsysan.load.sqlite as sqlite_mod
+import nsysan.load.sqlite_file as sqlite_file
 from nsysan import __version__
 from nsysan.cli import cli
 from nsysan.errors import SchemaError
@@ -116,7 +116,7 @@ def test_schema_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             raise PermissionError(13, "Permission denied", str(file))
         return open(file, *args, **kwargs)
 
-    monkeypatch.setattr(sqlite_mod, "open", denied, raising=False)
+    monkeypatch.setattr(sqlite_file, "open", denied, raising=False)
     assert_one_line_error(run("schema", path), "permission denied")
 
 

@@ -22,7 +22,7 @@ from polars.testing import assert_frame_equal
 from row_order import shuffled_copy
 
 from nsysan.api import analyze_to_dir
-from nsysan.frames import schemas
+from nsysan.frames import schemas, schemas_host
 from nsysan.load import open_trace
 
 FIXTURES = REPO_ROOT / "fixtures"
@@ -167,7 +167,7 @@ def test_shuffled_cpu_only_fixture_gives_identical_frames(name: str, tmp_path: P
     assert not a.nvtx.is_empty()
     frames = [f for f in schemas.CANONICAL if f != "meta"]
     if name == "cpu_host_sampling.sqlite":  # real CPU sampling and context switches
-        frames += list(schemas.HOST_EVIDENCE)
+        frames += list(schemas_host.HOST_EVIDENCE)
         assert not a.frame("sched").is_empty() and not a.frame("cpu_samples").is_empty()
     else:
         assert not a.osrt.is_empty()

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from conftest import REPO_ROOT, shared_sqlite_files
 
-from nsysan.load import open_trace, sqlite
+from nsysan.load import open_trace, sqlite, sqlite_sql
 from nsysan.load.adapters_stacks import summary_of_stacks
 from nsysan.load.source import Cond
 from nsysan.testing.synth import TraceBuilder
@@ -197,7 +197,7 @@ def _key(row: tuple) -> tuple:
 ])
 def test_read_where_returns_exactly_the_matching_rows(
         tmp_path: Path, where, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite, "IN_CHUNK", 2)  # several statements for one in-list
+    monkeypatch.setattr(sqlite_sql, "IN_CHUNK", 2)  # several statements for one in-list
     path = _builder().write(tmp_path / "t.sqlite")
     rows, _ = _chains(path)
     rows = [*rows, (None, 1, 1, 0), (3, 2, 2, None)]

@@ -11,6 +11,7 @@ import pytest
 from conftest import make_nsys_sqlite
 
 import nsysan.load.sqlite as sqlite_mod
+import nsysan.load.sqlite_file as sqlite_file
 from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.load.sqlite import SqliteSource
 
@@ -112,10 +113,10 @@ def test_file_names_with_uri_characters(tmp_path: Path) -> None:
 def test_read_only_file_opens_immutable_and_reads(tmp_path: Path) -> None:
     path = _nsys(tmp_path / "t.sqlite")
     os.chmod(path, 0o444)
-    assert sqlite_mod._read_only_file(path)
+    assert sqlite_file.read_only_file(path)
     assert SqliteSource(path).tables()["StringIds"] == 2
     os.chmod(path, 0o644)
-    assert not sqlite_mod._read_only_file(path)
+    assert not sqlite_file.read_only_file(path)
 
 
 def _truncated(tmp_path: Path) -> Path:
@@ -175,7 +176,7 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
             raise PermissionError(13, "Permission denied", str(file))
         return open(file, *args, **kwargs)
 
-    monkeypatch.setattr(sqlite_mod, "open", denied, raising=False)
+    monkeypatch.setattr(sqlite_file, "open", denied, raising=False)
     with pytest.raises(TraceFormatError, match="permission denied"):
         SqliteSource(path)
 

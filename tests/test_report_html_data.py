@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from nsysan.api import analyze
-from nsysan.report import html_data, plots
+from nsysan.report import html_data, html_encoding, plots
 
 EXAMPLE = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
 DTYPES = {"uint8": "<u1", "uint16": "<u2", "uint32": "<u4", "float64": "<f8"}
@@ -118,10 +118,10 @@ def test_raw_ops_are_capped_longest_first(result, monkeypatch) -> None:
 
 @pytest.mark.parametrize("values", [[], [None], ["b", None, "a", "", "b", "é"], ["x"] * 5])
 def test_string_table_of_codes_is_that_of_the_text(values) -> None:
-    """`_Strings.index` on a Categorical (its codes) gives the table and indexes it gives on
+    """`Strings.index` on a Categorical (its codes) gives the table and indexes it gives on
     the same names as text; a table shared by several calls grows in order of first use."""
     text = pl.Series(values, dtype=pl.String)
-    by_text, by_code = html_data._Strings(), html_data._Strings()
+    by_text, by_code = html_encoding.Strings(), html_encoding.Strings()
     for s in (pl.Series(["z", "a"]), text, text.reverse()):
         want = by_text.index(s.cast(pl.String))
         got = by_code.index(s.cast(pl.Categorical()))
@@ -134,7 +134,7 @@ def test_streamed_blob_is_the_deflate_of_the_joined_columns() -> None:
     1) the columns joined, each in its narrowest type and padded to 8 bytes."""
     cols = [np.arange(1000) % 7, np.arange(70000) * 3, np.zeros(0, np.int64),
             np.array([2 ** 33]), np.arange(5) + 300]
-    blob = html_data._Blob()
+    blob = html_encoding.Blob()
     for i, c in enumerate(cols):
         blob.add(f"c{i}", c)
     joined = b""

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from nsysan.api import analyze
 from nsysan.frames.schemas import OP_CLASSES
 from nsysan.frames.trace import Trace
-from nsysan.report import html_data, plots
+from nsysan.report import html_data, html_encoding, plots
 
 NAMES = ["a", "b", "", "é", None]
 CALLS = ["cudaLaunchKernel", "cudaMemcpyAsync", None]
@@ -98,7 +98,7 @@ def test_payload_is_the_definitions(ops, api, nvtx, in_order, cap_frac, nvtx_fra
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(html_data, "MAX_RAW_OPS", cap)
         mp.setattr(html_data, "MAX_NVTX", nvtx_cap)
-        mp.setattr(html_data, "CHUNK", chunk)
+        mp.setattr(html_encoding, "CHUNK", chunk)
         got, want = _both(trace, {"gaps": _gaps()} if with_gaps else {})
     assert got == want
 
@@ -125,7 +125,7 @@ def test_payload_is_the_definitions_on_dense_cases(monkeypatch, seed) -> None:
         trace = _trace(ops, api, nvtx, rng.random() < 0.5, rng.choice([1, 997]))
         monkeypatch.setattr(html_data, "MAX_RAW_OPS", rng.randint(0, len(ops) + 1))
         monkeypatch.setattr(html_data, "MAX_NVTX", rng.randint(0, len(nvtx) + 1))
-        monkeypatch.setattr(html_data, "CHUNK", rng.choice([1, 2, 5, 16, 1 << 20]))
+        monkeypatch.setattr(html_encoding, "CHUNK", rng.choice([1, 2, 5, 16, 1 << 20]))
         got, want = _both(trace, {"gaps": _gaps()} if rng.random() < 0.5 else {})
         assert got == want
 
@@ -142,7 +142,7 @@ def test_ties_at_the_cap_are_broken_by_every_column(monkeypatch) -> None:
                    in_order=False)
     for chunk in (1, 2, 3, 1 << 20):
         monkeypatch.setattr(html_data, "MAX_RAW_OPS", 4)
-        monkeypatch.setattr(html_data, "CHUNK", chunk)
+        monkeypatch.setattr(html_encoding, "CHUNK", chunk)
         got, want = _both(trace, {})
         assert got == want
         assert any("4 longest of 7" in n for n in got["notes"])
@@ -155,7 +155,7 @@ def example():
 
 
 @pytest.mark.parametrize(("cap", "nvtx_cap", "chunk"), [
-    (html_data.MAX_RAW_OPS, html_data.MAX_NVTX, html_data.CHUNK), (50, 20, 7), (1, 1, 100),
+    (html_data.MAX_RAW_OPS, html_data.MAX_NVTX, html_encoding.CHUNK), (50, 20, 7), (1, 1, 100),
     (0, 0, 1000)])
 def test_loaded_trace_payload_is_the_definitions(example, monkeypatch, cap, nvtx_cap,
                                                  chunk) -> None:
@@ -165,7 +165,7 @@ def test_loaded_trace_payload_is_the_definitions(example, monkeypatch, cap, nvtx
     states = plots.device_timelines(trace, tables, None, n_bins=html_data.N_BINS)
     monkeypatch.setattr(html_data, "MAX_RAW_OPS", cap)
     monkeypatch.setattr(html_data, "MAX_NVTX", nvtx_cap)
-    monkeypatch.setattr(html_data, "CHUNK", chunk)
+    monkeypatch.setattr(html_encoding, "CHUNK", chunk)
     got, want = _both(trace, tables, states)
     assert got == want
 
@@ -183,7 +183,7 @@ def test_no_op_to_draw() -> None:
 @given(st.lists(st.tuples(*[st.integers(0, 3)] * 4), max_size=40), st.integers(2, 4))
 def test_lex_order_sorts_by_every_key(rows, n_keys) -> None:
     keys = [np.array([r[k] for r in rows], np.int64) for k in range(n_keys)]
-    order = html_data._lex_order(keys)
+    order = html_encoding.lex_order(keys)
     assert sorted(order.tolist()) == list(range(len(rows)))
     got = [tuple(int(k[i]) for k in keys) for i in order]
     assert got == sorted(got)
@@ -192,7 +192,7 @@ def test_lex_order_sorts_by_every_key(rows, n_keys) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(-1, 6), max_size=40), st.integers(0, 45), st.integers(1, 9))
 def test_longest_is_a_sort_by_duration_then_ties(durations, cap, chunk) -> None:
-    """`_longest`: the first ``cap`` rows of the drawn ones sorted by duration (longest
+    """`longest`: the first ``cap`` rows of the drawn ones sorted by duration (longest
     first), then by the tie order (here: row number descending)."""
     d = np.array(durations, np.int64)
 
@@ -201,8 +201,8 @@ def test_longest_is_a_sort_by_duration_then_ties(durations, cap, chunk) -> None:
         return rows[::-1]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(html_data, "CHUNK", chunk)
-        rows, total = html_data._longest(d.size, lambda a, b: d[a:b].copy(), cap, tie_order)
+        mp.setattr(html_encoding, "CHUNK", chunk)
+        rows, total = html_encoding.longest(d.size, lambda a, b: d[a:b].copy(), cap, tie_order)
     drawn = [i for i in range(d.size) if d[i] >= 0]
     want = sorted(sorted(drawn, key=lambda i: (-d[i], -i))[:cap])
     assert total == len(drawn)

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from nsysan.frames import schemas
+from nsysan.frames import schemas, schemas_host
 from nsysan.frames.heap import trim
 
 
@@ -139,7 +139,7 @@ class Trace:
         return self.meta.trace_id
 
     def frame(self, name: str) -> pl.DataFrame:
-        if name not in schemas.CANONICAL and name not in schemas.HOST_EVIDENCE:
+        if name not in schemas.CANONICAL and name not in schemas_host.HOST_EVIDENCE:
             raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
         frame = self._frames.get(name)
         if frame is not None:
@@ -163,7 +163,7 @@ class Trace:
         """
         with self._locks_guard:  # a frame is queued once, however often prefetch is called
             todo = deque(n for n in dict.fromkeys(names)
-                         if (n in schemas.CANONICAL or n in schemas.HOST_EVIDENCE)
+                         if (n in schemas.CANONICAL or n in schemas_host.HOST_EVIDENCE)
                          and n not in self._frames
                          and n not in self._queued)
             self._queued.update(todo)
@@ -268,7 +268,7 @@ class Trace:
                 conformed[name] = schemas.empty(schema)
                 if name != "meta" and name not in schemas.OPTIONAL_FRAMES:
                     missing[name] = "not provided"
-        for name, schema in schemas.HOST_EVIDENCE.items():  # optional: never "missing"
+        for name, schema in schemas_host.HOST_EVIDENCE.items():  # optional: never "missing"
             df = frames.get(name)
             if df is None:
                 conformed[name] = schemas.empty(schema)

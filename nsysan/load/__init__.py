@@ -17,7 +17,8 @@ from nsysan.load.adapters_info import read_metadata
 from nsysan.load.export import REPORT_MAGIC, REPORT_SUFFIXES, export_report, report_version
 from nsysan.load.files import check_openable
 from nsysan.load.source import TableSource
-from nsysan.load.sqlite import SQLITE_MAGIC, SqliteSource, read_header
+from nsysan.load.sqlite import SqliteSource
+from nsysan.load.sqlite_file import SQLITE_MAGIC, read_header
 
 __all__ = ["check_openable", "open_source", "open_trace", "trace_id_for"]
 

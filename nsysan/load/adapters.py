@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from nsysan.errors import SchemaError
-from nsysan.frames import schemas
+from nsysan.frames import schemas, schemas_host
 from nsysan.frames.order import break_ties
 from nsysan.frames.trace import TraceMeta
 from nsysan.load.quality import FrameQuality, Session, clean_strings
@@ -90,7 +90,7 @@ QUALITY_TABLES: dict[str, tuple[str, ...]] = {
     "gpus": (*FRAME_SOURCES["gpus"][0], "TARGET_INFO_CUDA_GPU"),
     "meta": ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE", "ANALYSIS_DETAILS",
              "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"),
-    # host evidence (optional frames, `schemas.HOST_EVIDENCE`)
+    # host evidence (optional frames, `schemas_host.HOST_EVIDENCE`)
     "sched": ("SCHED_EVENTS",),
     "cpu_samples": ("COMPOSITE_EVENTS",),
     "cpu_stacks": ("SAMPLING_CALLCHAINS",),
@@ -419,7 +419,7 @@ class Adapter:
         module, name = builders[frame]
         builder = getattr(importlib.import_module(f"nsysan.load.{module}"), name)
         df = builder(self)
-        schema = schemas.CANONICAL.get(frame) or schemas.HOST_EVIDENCE[frame]
+        schema = schemas.CANONICAL.get(frame) or schemas_host.HOST_EVIDENCE[frame]
         df = df if df is not None else schemas.empty(schema)
         if frame in schemas.OPTIONAL_FRAMES and df.is_empty():
             return df  # no events: no data-quality entry (the manifest stays as it was)

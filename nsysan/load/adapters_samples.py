@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from nsysan.frames import schemas
+from nsysan.frames import schemas_host
 from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 from nsysan.load.adapters_sched import state_labels
@@ -104,7 +104,7 @@ def build_cpu_stacks(adapter: Adapter) -> pl.DataFrame | None:
     )
     if not ordered:  # ties (duplicate frames) sort by the text: Categoricals sort lexically
         df = content_sort(df, ["sample_id", "depth"])
-    return adapter.finish(df, schemas.CPU_STACKS)
+    return adapter.finish(df, schemas_host.CPU_STACKS)
 
 
 def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
@@ -136,4 +136,4 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
         stack_layer="stack_layer",
     )
     return adapter.finish(content_sort(df, ["time_ns", "global_tid", "sample_id"]),
-                          schemas.CPU_SAMPLES)
+                          schemas_host.CPU_SAMPLES)

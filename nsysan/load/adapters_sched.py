@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsysan.frames import schemas
+from nsysan.frames import schemas_host
 from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 
@@ -67,7 +67,7 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
         quality.add("missing_timestamp", dropped)
         df = df.filter(valid)
     if df.is_empty():
-        return adapter.finish(df, schemas.SCHED)
+        return adapter.finish(df, schemas_host.SCHED)
     session_end = adapter.duration_ns
     if session_end is None:
         session_end = int(df["start"].max())
@@ -129,4 +129,4 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
         out_state=pl.when(pl.col("_state").is_not_null()).then(pl.col("out_state")),
     )
     out = content_sort(out, ["global_tid", "start_ns", "end_ns"])
-    return adapter.finish(out, schemas.SCHED)
+    return adapter.finish(out, schemas_host.SCHED)

@@ -39,7 +39,7 @@ from typing import Literal
 
 from nsysan.errors import ConfigError, ExportError, TraceFormatError
 from nsysan.load.files import check_openable
-from nsysan.load.sqlite import SQLITE_MAGIC, read_header
+from nsysan.load.sqlite_file import SQLITE_MAGIC, read_header
 
 ExportFormat = Literal["sqlite", "parquetdir"]
 FORMATS: tuple[str, ...] = ("sqlite", "parquetdir")

@@ -35,7 +35,7 @@ from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.frames.trace import TableCounts
 from nsysan.load.quality import text_limit, truncate_text
 from nsysan.load.source import Cond, RowFilter
-from nsysan.load.sqlite import NSYS_MARKER_TABLES
+from nsysan.load.sqlite_file import NSYS_MARKER_TABLES
 
 FORMAT = "parquetdir"
 SUFFIX = ".parquet"

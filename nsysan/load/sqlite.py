@@ -24,124 +24,41 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 import threading
-import urllib.parse
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.frames.trace import TableCounts
 from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
-from nsysan.load.source import Cond, RowFilter
+from nsysan.load.source import RowFilter
+from nsysan.load.sqlite_file import (
+    NSYS_MARKER_TABLES,
+    check_sqlite_header,
+    file_uri,
+    read_header,
+    read_only_file,
+)
+from nsysan.load.sqlite_sql import (
+    declared_dtype,
+    decode_replacing,
+    quote,
+    to_frame,
+    where_sql,
+)
 
 FORMAT = "sqlite"
-SQLITE_MAGIC = b"SQLite format 3\x00"
-HEADER_SIZE = 100
 #: rows fetched per round trip: bounds the Python objects alive at once on huge tables
 CHUNK_ROWS = 1 << 16
 #: tables with at least this many rows are read by `SqliteSource._read_bulk` (module attribute so
 #: that tests can lower it); below it, importing pyarrow costs more than reading in parallel gains
 BULK_MIN_ROWS = 100_000
-#: values of an ``in`` condition per SQL statement (`SqliteSource.read_where`)
-IN_CHUNK = 50_000
 #: filtered reads of tables this big go through pyarrow's reader (GIL released, as
 #: `BULK_MIN_ROWS` for whole tables); they return a fraction of the table, so below this the
 #: pyarrow import (~0.05 s) costs more than parallel reading gains
 FILTERED_ARROW_MIN_ROWS = 1_000_000
-#: every nsys export has StringIds plus at least one of these (2020.3 exports lack the metadata
-#: tables, lazy exports lack most activity tables, so any one of them is enough)
-NSYS_MARKER_TABLES = (
-    "ANALYSIS_DETAILS",
-    "EXPORT_META_DATA",
-    "META_DATA_EXPORT",
-    "TARGET_INFO_SESSION_START_TIME",
-    "TARGET_INFO_GPU",
-    "TARGET_INFO_CUDA_STREAM",
-    "ThreadNames",
-    "PROCESSES",
-    "NVTX_EVENTS",
-    "CUPTI_ACTIVITY_KIND_KERNEL",
-    "CUPTI_ACTIVITY_KIND_RUNTIME",
-    "OSRT_API",
-)
-
-
-def read_header(path: Path, n: int = HEADER_SIZE) -> bytes:
-    """The first ``n`` bytes of ``path``; any way the file cannot be read is a TraceFormatError."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(n)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path}: is a directory, not a SQLite export") from None
-    except PermissionError:
-        raise TraceFormatError(
-            f"{path}: permission denied; make the file readable (chmod +r) or copy it"
-        ) from None
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-
-
-def check_sqlite_header(path: Path, header: bytes) -> None:
-    """Reject empty, foreign and truncated files before SQLite sees them.
-
-    SQLite itself accepts a truncated file and only fails (or silently returns fewer rows) when a
-    query reaches the missing pages, so the size promised by the header is checked up front.
-    """
-    if not header:
-        raise TraceFormatError(f"{path}: file is empty; re-export the report with `nsys export`")
-    if not header.startswith(SQLITE_MAGIC):
-        raise TraceFormatError(
-            f"{path}: not a SQLite database (unrecognised header); pass an nsys SQLite export, "
-            f"a .nsys-rep/.qdrep report or a parquetdir export"
-        )
-    if len(header) < HEADER_SIZE:
-        raise TraceFormatError(f"{path}: truncated SQLite file (shorter than its header)")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    n_pages = int.from_bytes(header[28:32], "big")
-    # the in-header page count is valid only when the change counter matches "version valid for"
-    counts_valid = header[24:28] == header[92:96] and n_pages > 0
-    size = path.stat().st_size
-    if counts_valid and size < page_size * n_pages:
-        raise TraceFormatError(
-            f"{path}: truncated SQLite file ({size} bytes, header says {page_size * n_pages}); "
-            f"copy or re-export it"
-        )
-
-
-def _file_uri(path: Path, immutable: bool) -> str:
-    # percent-encode so that '?', '#', '%' and spaces in file names are not read as URI syntax
-    quoted = urllib.parse.quote(str(path.resolve()))
-    return f"file:{quoted}?mode=ro" + ("&immutable=1" if immutable else "")
-
-
-def _read_only_file(path: Path) -> bool:
-    """True when the file is marked read-only (for root too, who ignores the permission bits).
-    Such a file cannot change under us, so SQLite may skip locking (``immutable=1``)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    write_bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
-    return not (os.access(path, os.W_OK) and st.st_mode & write_bits)
-
-
-def _dtype(declared: str) -> pl.DataType | None:
-    """polars dtype for a declared SQLite column type, by SQLite's own affinity rules."""
-    t = declared.upper()
-    if "INT" in t:
-        return pl.Int64()
-    if "CHAR" in t or "CLOB" in t or "TEXT" in t:
-        return pl.String()
-    if "REAL" in t or "FLOA" in t or "DOUB" in t:
-        return pl.Float64()
-    return None  # BLOB / untyped: let polars infer
 
 
 def _first_line(exc: BaseException) -> str:
@@ -162,11 +79,11 @@ class SqliteSource:
         self.path = Path(path)
         check_sqlite_header(self.path, read_header(self.path))
         self._lock = threading.Lock()
-        self._immutable = _read_only_file(self.path)
+        self._immutable = read_only_file(self.path)
         self._adbc: tuple | bool | None = None  # (database, connection) once opened
         try:
             self._con = sqlite3.connect(
-                _file_uri(self.path, self._immutable),
+                file_uri(self.path, self._immutable),
                 uri=True,
                 check_same_thread=False,  # frames may be loaded from a worker thread; see _lock
             )
@@ -220,7 +137,7 @@ class SqliteSource:
             if not self._names:
                 self._counts = TableCounts({})
             else:
-                sql = " UNION ALL ".join(f"SELECT {i}, EXISTS (SELECT 1 FROM {_quote(t)})"
+                sql = " UNION ALL ".join(f"SELECT {i}, EXISTS (SELECT 1 FROM {quote(t)})"
                                          for i, t in enumerate(self._names))
                 found = dict(self._execute(sql))
                 nonempty = {t: bool(found[i]) for i, t in enumerate(self._names)}
@@ -230,8 +147,8 @@ class SqliteSource:
 
     def _count_in_background(self) -> Future[dict[str, int]]:
         sql = " UNION ALL ".join(
-            f"SELECT {i}, count(*) FROM {_quote(t)}" for i, t in enumerate(self._names))
-        names, uri, path = list(self._names), _file_uri(self.path, self._immutable), self.path
+            f"SELECT {i}, count(*) FROM {quote(t)}" for i, t in enumerate(self._names))
+        names, uri, path = list(self._names), file_uri(self.path, self._immutable), self.path
         future: Future[dict[str, int]] = Future()
 
         def count() -> None:
@@ -257,7 +174,7 @@ class SqliteSource:
         read path, never for a result."""
         if table not in self._estimates:
             try:
-                (top,), = self._execute(f"SELECT max(rowid) FROM {_quote(table)}")
+                (top,), = self._execute(f"SELECT max(rowid) FROM {quote(table)}")
             except TraceFormatError:  # e.g. a WITHOUT ROWID table: count it
                 top = self.tables().get(table, 0)
             self._estimates[table] = int(top or 0)
@@ -267,7 +184,7 @@ class SqliteSource:
         if table not in self._columns:
             if table not in self._names:
                 return []
-            rows = self._execute(f"PRAGMA table_info({_quote(table)})")
+            rows = self._execute(f"PRAGMA table_info({quote(table)})")
             self._columns[table] = [(r[1], r[2] or "") for r in rows]
         return self._columns[table]
 
@@ -291,7 +208,7 @@ class SqliteSource:
                 f"table {table} in {self.path} has no column {', '.join(unknown)}; it has: "
                 f"{', '.join(declared)}"
             )
-        dtypes = {c: _dtype(declared[c]) for c in columns}
+        dtypes = {c: declared_dtype(declared[c]) for c in columns}
         if not columns:
             return pl.DataFrame()
         df = self._read_any(table, columns, dtypes)
@@ -313,25 +230,25 @@ class SqliteSource:
         """The columns of ``table`` declared NOT NULL (SQLite enforces the constraint)."""
         if table not in self._names:
             return set()
-        return {r[1] for r in self._execute(f"PRAGMA table_info({_quote(table)})") if r[3]}
+        return {r[1] for r in self._execute(f"PRAGMA table_info({quote(table)})") if r[3]}
 
     def read_where(self, table: str, columns: list[str], where: RowFilter) -> pl.DataFrame:
         """The given INTEGER columns of the rows of ``table`` that match ``where``
         (`nsysan.load.source.FilteredSource`). The filter runs in SQLite, so only matching
-        rows cross into Arrow; a long ``in`` list is sent in chunks of `IN_CHUNK` values. A
-        value of another type than INTEGER makes the ADBC read fail; the row path then reads
-        these rows (such values as NULL) and counts them per column over the whole table
-        (`issues`), which tells the caller to read the table whole."""
+        rows cross into Arrow; a long ``in`` list is sent in chunks of `sqlite_sql.IN_CHUNK`
+        values. A value of another type than INTEGER makes the ADBC read fail; the row path
+        then reads these rows (such values as NULL) and counts them per column over the whole
+        table (`issues`), which tells the caller to read the table whole."""
         declared = dict(self._declared(table))
-        wrong = [c for c in columns if _dtype(declared.get(c, "")) != pl.Int64()]
+        wrong = [c for c in columns if declared_dtype(declared.get(c, "")) != pl.Int64()]
         if not declared or wrong:
             raise SchemaError(f"table {table} in {self.path}: no INTEGER column "
                               f"{', '.join(wrong or columns)}")
         dtypes: dict[str, pl.DataType | None] = dict.fromkeys(columns, pl.Int64())
-        source = _quote(table)
-        select = ", ".join(_quote(c) for c in columns)
+        source = quote(table)
+        select = ", ".join(quote(c) for c in columns)
         parts = []
-        for condition in _where_sql(where):
+        for condition in where_sql(where):
             sql = f"SELECT {select} FROM {source} WHERE {condition}"
             df = self._read_query(table, sql, columns)
             if df is None:
@@ -351,7 +268,7 @@ class SqliteSource:
             import adbc_driver_sqlite
             from adbc_driver_manager import AdbcConnection, AdbcStatement
 
-            with adbc_driver_sqlite.connect(_file_uri(self.path, self._immutable)) as db, \
+            with adbc_driver_sqlite.connect(file_uri(self.path, self._immutable)) as db, \
                     AdbcConnection(db) as con, AdbcStatement(con) as stmt:
                 stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
                 stmt.set_sql_query(sql)
@@ -374,13 +291,13 @@ class SqliteSource:
         returns rows: nsys declares ``NVTX_EVENTS.binaryData`` TEXT but stores blobs, which
         `read` (rightly, for a TEXT column) reads as NULL. Values longer than ``max_bytes``
         and numbers are NULL; the bytes pass as hex text, decoded in polars."""
-        q = _quote(column)
-        if not self._execute(f"SELECT 1 FROM {_quote(table)} WHERE {q} IS NOT NULL LIMIT 1"):
+        q = quote(column)
+        if not self._execute(f"SELECT 1 FROM {quote(table)} WHERE {q} IS NOT NULL LIMIT 1"):
             # the column exists but holds nothing (e.g. payload schemas without blobs)
             return pl.Series(column, [None] * self.tables().get(table, 0), dtype=pl.Binary)
         sql = (f"SELECT CASE WHEN typeof({q}) IN ('blob', 'text') AND "
                f"length(CAST({q} AS BLOB)) <= {int(max_bytes)} THEN hex({q}) END "
-               f"FROM {_quote(table)}")
+               f"FROM {quote(table)}")
         rows = self._execute(sql)
         return pl.Series(column, [r[0] for r in rows], dtype=pl.String).str.decode("hex")
 
@@ -424,9 +341,9 @@ class SqliteSource:
         them with another type than the column's (`quality.bounded_sql`): one aggregate scan,
         in C, only on that path."""
         sums = ", ".join(
-            f"coalesce(sum(NOT ({readable_sql(_quote(c), dtypes[c])})), 0)" for c in columns
+            f"coalesce(sum(NOT ({readable_sql(quote(c), dtypes[c])})), 0)" for c in columns
         )
-        (counts,) = self._con.execute(f"SELECT {sums} FROM {_quote(table)}").fetchall()
+        (counts,) = self._con.execute(f"SELECT {sums} FROM {quote(table)}").fetchall()
         self._set_nulled(table, dict(zip(columns, counts, strict=True)))
 
     def _read_rows(
@@ -436,9 +353,9 @@ class SqliteSource:
         """The row path: stdlib cursor, one typed Series per column and chunk (``where``:
         what follows ``FROM`` instead of the table, for `read_where`)."""
         select = ", ".join(
-            f"{bounded_sql(table, _quote(c), dtypes[c])} AS {_quote(c)}" for c in columns
+            f"{bounded_sql(table, quote(c), dtypes[c])} AS {quote(c)}" for c in columns
         )
-        sql = f"SELECT {select} FROM {where or _quote(table)}"
+        sql = f"SELECT {select} FROM {where or quote(table)}"
         with self._lock:
             try:
                 self._count_nulled(table, columns, dtypes)
@@ -448,7 +365,7 @@ class SqliteSource:
                     raise self._corrupt(table, exc) from None
                 # Some text is not valid UTF-8 (seen in TARGET_INFO_SYSTEM_ENV): read it again
                 # with replacement characters. Only then, because a Python text factory is slow.
-                self._con.text_factory = _decode_replacing
+                self._con.text_factory = decode_replacing
                 try:
                     chunks = self._fetch(sql, columns, dtypes)
                 except sqlite3.DatabaseError as exc2:
@@ -458,7 +375,7 @@ class SqliteSource:
             except sqlite3.DatabaseError as exc:
                 raise self._corrupt(table, exc) from None
         if not chunks:
-            return _to_frame([], columns, dtypes)
+            return to_frame([], columns, dtypes)
         return chunks[0] if len(chunks) == 1 else pl.concat(chunks, how="vertical_relaxed")
 
     def _read_ints(self, table: str, columns: list[str]) -> pl.DataFrame | None:
@@ -476,7 +393,7 @@ class SqliteSource:
             return None
         from adbc_driver_manager import AdbcStatement
 
-        sql = f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(table)}"
+        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(table)}"
         with self._lock:
             try:
                 stmt = AdbcStatement(con)
@@ -518,19 +435,19 @@ class SqliteSource:
         for i, c in enumerate(columns):
             if dtypes[c] == pl.String():
                 flags[c] = f"_nsysan_null_{i}"
-                bounded = bounded_sql(table, _quote(c), dtypes[c])
-                select += [f"coalesce({bounded}, '') AS {_quote(c)}",
-                           f"CASE typeof({_quote(c)}) WHEN 'null' THEN 1 WHEN 'blob' THEN 2 "
+                bounded = bounded_sql(table, quote(c), dtypes[c])
+                select += [f"coalesce({bounded}, '') AS {quote(c)}",
+                           f"CASE typeof({quote(c)}) WHEN 'null' THEN 1 WHEN 'blob' THEN 2 "
                            f"ELSE 0 END AS {flags[c]}"]
             else:
-                select.append(_quote(c))
-        sql = f"SELECT {', '.join(select)} FROM {_quote(table)}"
+                select.append(quote(c))
+        sql = f"SELECT {', '.join(select)} FROM {quote(table)}"
         try:
             import adbc_driver_sqlite
             import pyarrow as pa
             from adbc_driver_manager import AdbcConnection, AdbcStatement
 
-            with adbc_driver_sqlite.connect(_file_uri(self.path, self._immutable)) as db, \
+            with adbc_driver_sqlite.connect(file_uri(self.path, self._immutable)) as db, \
                     AdbcConnection(db) as con, AdbcStatement(con) as stmt:
                 stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
                 stmt.set_sql_query(sql)
@@ -565,7 +482,7 @@ class SqliteSource:
                 import adbc_driver_sqlite
                 from adbc_driver_manager import AdbcConnection
 
-                db = adbc_driver_sqlite.connect(_file_uri(self.path, self._immutable))
+                db = adbc_driver_sqlite.connect(file_uri(self.path, self._immutable))
                 self._adbc = (db, AdbcConnection(db))
             except Exception:  # not installed or cannot open: row path
                 return None
@@ -577,7 +494,7 @@ class SqliteSource:
         cur = self._con.execute(sql)
         chunks = []
         while rows := cur.fetchmany(CHUNK_ROWS):
-            chunks.append(_to_frame(rows, columns, dtypes))
+            chunks.append(to_frame(rows, columns, dtypes))
         return chunks
 
     def _corrupt(self, table: str, exc: BaseException) -> TraceFormatError:
@@ -592,48 +509,3 @@ class SqliteSource:
             for handle in reversed(self._adbc):
                 handle.close()
             self._adbc = False
-
-
-def _where_sql(where: RowFilter) -> list[str]:
-    """``where`` as SQL conditions, one per chunk of its longest ``in`` list (none when an
-    ``in`` list is empty in every alternative: nothing can match)."""
-    longest = max((c for alt in where for c in alt if c.op == "in"),
-                  key=lambda c: len(c.value), default=None)
-    chunks = ([longest.value[i:i + IN_CHUNK] for i in range(0, len(longest.value), IN_CHUNK)]
-              if longest is not None and len(longest.value) > IN_CHUNK else [None])
-
-    def cond(c: Cond, values: Any) -> str:
-        col = _quote(c.column)
-        if c.op == "is_null":
-            return f"{col} IS NULL"
-        if c.op == "in":
-            listed = c.value if values is None or c is not longest else values
-            return f"{col} IN ({', '.join(str(int(v)) for v in listed)})" if listed else "0"
-        return f"{col} {'=' if c.op == '==' else c.op} {int(c.value)}"
-
-    return [" OR ".join("(" + " AND ".join(cond(c, chunk) for c in alt) + ")"
-                        for alt in where) or "0" for chunk in chunks]
-
-
-def _decode_replacing(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-def _to_frame(
-    rows: list[tuple], columns: list[str], dtypes: dict[str, pl.DataType | None]
-) -> pl.DataFrame:
-    # One list comprehension per column beats both row-oriented construction and zip(*rows)
-    # (measured: 2-4x on kernel and callchain tables).
-    series = []
-    for i, name in enumerate(columns):
-        values = [r[i] for r in rows]
-        dtype = dtypes[name]
-        if dtype is None:
-            series.append(pl.Series(name, values, strict=False))
-        else:
-            series.append(pl.Series(name, values, dtype=dtype, strict=False))
-    return pl.DataFrame(series)

@@ -50,7 +50,7 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames import host_taxonomy as ht
-from nsysan.frames import schemas
+from nsysan.frames import schemas, schemas_host
 from nsysan.frames.trace import Trace
 from nsysan.passes import host_gaps
 from nsysan.passes.base import PassResult, PassSpec, Results
@@ -304,8 +304,8 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
     if not has_sched and not has_samples:
         return _empty(trace.trace_id, f"not captured: record with `{HOW_TO_RECORD}`")
     # frames not captured are not built at all (no data-quality entry, nothing read)
-    sched = trace.frame("sched") if has_sched else schemas.empty(schemas.SCHED)
-    raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas.CPU_SAMPLES)
+    sched = trace.frame("sched") if has_sched else schemas.empty(schemas_host.SCHED)
+    raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas_host.CPU_SAMPLES)
     samples = sample_layers(trace, raw) if has_samples else raw.with_columns(
         layer=pl.lit(None, dtype=LAYER))
     window = session_window(trace, sched, samples)

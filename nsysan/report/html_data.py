@@ -11,22 +11,21 @@ and launch-API indexes into one string table, each column in the narrowest unsig
 holds it. Past `MAX_RAW_OPS` (or `MAX_NVTX`) the longest rows are kept and the page says so.
 
 Memory: a page is written after the analysis, whose frames are all still held, so what it
-needs of ten million ops must cost little more than its own size. The ops are read `CHUNK`
-rows at a time, never copied whole (no sort, partition or join of every op): one pass finds
-the drawn ops and their lanes, one merges each lane's busy time as the ops come in start order
-(loaded frames are), and the cap is a partial selection on the durations, with only the rows
-of exactly the cap's duration ordered by their other columns. Only the rows drawn raw are
-gathered, column by column; names stay dictionary codes until the string table, and each blob
-column is deflated as soon as it is made.
+needs of ten million ops must cost little more than its own size. The ops are read
+`html_encoding.CHUNK` rows at a time, never copied whole (no sort, partition or join of every
+op): one pass finds the drawn ops and their lanes, one merges each lane's busy time as the ops
+come in start order (loaded frames are), and the cap is a partial selection on the durations
+(`html_encoding.longest`), with only the rows of exactly the cap's duration ordered by their
+other columns. Only the rows drawn raw are gathered, column by column; names stay dictionary
+codes until the string table, and each blob column is deflated as soon as it is made (the
+encoding itself is `nsysan.report.html_encoding`).
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,17 @@ import polars as pl
 from nsysan.frames.trace import Trace
 from nsysan.passes import op_link
 from nsysan.passes.device_blocks import covered_before
+from nsysan.report.html_encoding import (
+    Blob,
+    Strings,
+    chunks,
+    ints,
+    lex_order,
+    longest,
+    rank,
+    share_bytes,
+    text_rank,
+)
 from nsysan.report.plots import DeviceTimeline
 
 N_BINS = 2000  # overview bins per lane, over the whole session span
@@ -46,196 +56,12 @@ MAX_NVTX_DEPTH = 12  # deeper ranges are drawn on the last row
 CLASS_INDEX = {"compute": 0, "nccl": 1, "memcpy_h2d": 2, "memcpy_d2h": 3, "memcpy_d2d": 4,
                "memcpy_p2p": 5, "memset": 6}
 OTHER_CLASS = 7
-#: rows per step of a pass over all GPU ops or NVTX ranges: what the page needs of ten
-#: million ops is read a chunk at a time, so the transient arrays stay a few MB
-CHUNK = 1 << 20
-
-
-@dataclass
-class _Blob:
-    """Typed columns appended one after the other (8-byte aligned), described by `layout`.
-
-    Each column is deflated as it is added (one stream: the same bytes as deflating the
-    columns joined), so that the raw columns are never all held at once."""
-
-    layout: dict[str, dict[str, Any]] = field(default_factory=dict)
-    size: int = 0
-    _deflate: Any = field(default_factory=lambda: zlib.compressobj(1))
-    _out: list[bytes] = field(default_factory=list)
-
-    def add(self, name: str, values: np.ndarray) -> None:
-        values = np.asarray(values)
-        top = int(values.max()) if values.size else 0
-        if values.size and int(values.min()) < 0:
-            raise ValueError(f"{name}: negative values cannot be packed")
-        dtype = next((t for t in (np.uint8, np.uint16, np.uint32) if top <= np.iinfo(t).max),
-                     np.float64)
-        raw = np.ascontiguousarray(values.astype("<" + np.dtype(dtype).str[1:]))
-        self.layout[name] = {"type": np.dtype(dtype).name, "offset": self.size,
-                             "length": int(values.size)}
-        pad = (-raw.nbytes) % 8
-        if self._deflate is None:
-            raise ValueError("the blob was encoded already")
-        self._out.append(self._deflate.compress(raw))
-        self._out.append(self._deflate.compress(b"\0" * pad))
-        self.size += raw.nbytes + pad
-
-    def encode(self) -> str:
-        # level 1: deterministic for the same bytes; on the 1M-kernel trace 0.46 s for 6.0 MB
-        # where level 6 takes 1.5 s for 5.4 MB
-        if self._deflate is not None:  # (the stream ends once; encode may be asked again)
-            self._out = [b"".join([*self._out, self._deflate.flush()])]
-            self._deflate = None
-        return base64.b64encode(self._out[0]).decode("ascii")
-
-
-def _distinct(names: pl.Series) -> tuple[np.ndarray, pl.Series]:
-    """A Categorical or Enum column by its distinct values: per row, the index of its value
-    among them, and those values (null included) in the order of first use. Only the codes
-    of the rows are read: no row's text is made."""
-    phys = names.to_physical()
-    first = phys.arg_unique()
-    codes = phys.cast(pl.Int64).fill_null(-1).to_numpy()
-    seen = codes[first.to_numpy()]
-    by_code = np.argsort(seen)
-    return by_code[np.searchsorted(seen[by_code], codes)], names.gather(first)
-
-
-def _text_rank(names: pl.Series) -> np.ndarray:
-    """Per row of a Categorical column, the rank of its text among the column's distinct
-    texts, nulls last: ordering by it orders as polars sorts the column (by its text)."""
-    pos, values = _distinct(names)
-    texts = values.cast(pl.String).to_list()
-    by_text = sorted(range(len(texts)), key=lambda i: (texts[i] is None, texts[i] or ""))
-    rank = np.empty(len(texts), np.int32)  # (a sort key per kept row: 4 bytes)
-    rank[by_text] = np.arange(len(texts))
-    return rank[pos]
-
-
-class _Strings:
-    """A string table: each distinct name once, in the order of first use (deterministic
-    because every caller adds names in a sorted order)."""
-
-    def __init__(self) -> None:
-        self.values: list[str] = []
-        self._index: dict[str, int] = {}
-
-    def _add(self, text: str) -> int:
-        if text not in self._index:
-            self._index[text] = len(self.values)
-            self.values.append(text)
-        return self._index[text]
-
-    def index(self, names: pl.Series) -> np.ndarray:
-        """The table index of each of ``names`` (null -> the empty string). Categorical
-        names stay codes: only the distinct ones become text."""
-        if isinstance(names.dtype, (pl.Categorical, pl.Enum)):
-            pos, values = _distinct(names)
-            table = np.array([self._add(t) for t in
-                              values.cast(pl.String).fill_null("").to_list()], np.uint32)
-            return table[pos]
-        s = names.cast(pl.String).fill_null("")
-        uniq = s.unique(maintain_order=True).to_list()
-        mapping = pl.DataFrame({"_n": uniq, "_i": [self._add(u) for u in uniq]},
-                               schema={"_n": pl.String, "_i": pl.UInt32})
-        return (pl.DataFrame({"_n": s}).join(mapping, on="_n", how="left",
-                                             maintain_order="left")["_i"].to_numpy())
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, dtype=np.uint8).tobytes()).decode("ascii")
-
-
-def _share_bytes(share: np.ndarray) -> str:
-    """Shares in [0, 1] as one byte each (0..255), base64."""
-    return _b64(np.clip(np.rint(np.nan_to_num(share) * 255), 0, 255).astype(np.uint8))
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading millions of rows in bounded memory
-# ---------------------------------------------------------------------------------------------
-def _chunks(n: int) -> Iterator[tuple[int, int]]:
-    return ((a, min(a + CHUNK, n)) for a in range(0, n, CHUNK))
-
-
-def _ints(s: pl.Series, fill: int = 0) -> np.ndarray:
-    """An integer column as int64 numpy (a view of it when it has no null), nulls as ``fill``."""
-    return (s.fill_null(fill) if s.null_count() else s).cast(pl.Int64).to_numpy()
-
-
-def _lex_order(keys: list[np.ndarray]) -> np.ndarray:
-    """The row order that sorts by ``keys[0]``, then ``keys[1]``, ... (ascending): a stable
-    sort by the first two keys, the others compared only among rows tied on those (few)."""
-    order = np.lexsort((keys[1], keys[0]))
-    if len(keys) > 2 and order.size > 1:
-        k0, k1 = keys[0][order], keys[1][order]
-        tie = (k0[1:] == k0[:-1]) & (k1[1:] == k1[:-1])
-        del k0, k1
-        if tie.any():
-            run = np.concatenate([[0], np.cumsum(~tie)])
-            tied = np.zeros(order.size, bool)
-            tied[1:] |= tie
-            tied[:-1] |= tie
-            pos = np.flatnonzero(tied)
-            rows = order[pos]
-            order[pos] = rows[np.lexsort([k[rows] for k in reversed(keys[2:])] + [run[pos]])]
-    return order
-
-
-def _longest(n: int, durations: Callable[[int, int], np.ndarray], cap: int,
-             tie_order: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, int]:
-    """The rows (ascending) of the at most ``cap`` longest of ``n`` rows, and how many rows
-    there were to choose from. ``durations(a, b)``: the durations of rows ``a:b``, -1 for a
-    row that is not drawn; ``tie_order(rows)``: rows of equal duration, best first.
-
-    What `_capped` does, without sorting every row by every column: the cap's duration is
-    found chunk by chunk (a partial selection of at most ``cap + CHUNK`` durations), and only
-    the rows that have exactly that duration are ordered by their other columns."""
-    total = 0
-    top = np.zeros(0, np.int64)  # the longest durations seen so far (at most cap of them)
-    for a, b in _chunks(n):
-        d = durations(a, b)
-        d = d[d >= 0]
-        total += d.size
-        if cap and top.size >= cap:
-            d = d[d >= top.min()]
-        if cap and d.size:
-            top = np.concatenate([top, d])
-            if top.size > cap:
-                top = np.partition(top, top.size - cap)[top.size - cap:]
-    over: list[np.ndarray] = []
-    tied: list[np.ndarray] = []
-    if total <= cap:
-        for a, b in _chunks(n):
-            over.append(a + np.flatnonzero(durations(a, b) >= 0))
-    elif cap:
-        threshold = top.min()
-        for a, b in _chunks(n):
-            d = durations(a, b)
-            over.append(a + np.flatnonzero(d > threshold))
-            tied.append(a + np.flatnonzero(d == threshold))
-    rows = np.concatenate([np.zeros(0, np.int64), *over])
-    if tied:
-        ties = np.concatenate(tied)
-        need = cap - rows.size
-        rows = np.sort(np.concatenate([rows, tie_order(ties)[:need] if ties.size > need
-                                       else ties]))
-    return rows, total
 
 
 # ---------------------------------------------------------------------------------------------
 # GPU ops
 # ---------------------------------------------------------------------------------------------
 _LANE = ["device_id", "pid", "stream_id"]
-
-
-def _rank(values: np.ndarray, col: pl.Series) -> np.ndarray:
-    """The position of each of ``col`` among the sorted distinct ``values`` (null: after
-    them)."""
-    pos = np.searchsorted(values, _ints(col))
-    if col.null_count():
-        pos[col.is_null().to_numpy()] = values.size
-    return pos
 
 
 class _Lanes:
@@ -251,13 +77,13 @@ class _Lanes:
         self.codes = self._code(self.table, pair)  # each lane's code, ascending
 
     def _pair(self, df: pl.DataFrame) -> np.ndarray:
-        return (_rank(self.values[0], df["device_id"]) * (self.values[1].size + 1)
-                + _rank(self.values[1], df["pid"]))
+        return (rank(self.values[0], df["device_id"]) * (self.values[1].size + 1)
+                + rank(self.values[1], df["pid"]))
 
     def _code(self, df: pl.DataFrame, pair: np.ndarray) -> np.ndarray:
         # (a lane's code is below lanes ** 2: no overflow whatever the ids)
         return (np.searchsorted(self.pairs, pair) * (self.values[2].size + 1)
-                + _rank(self.values[2], df["stream_id"]))
+                + rank(self.values[2], df["stream_id"]))
 
     def __len__(self) -> int:
         return self.table.height
@@ -291,12 +117,12 @@ def _scan(ops: pl.DataFrame) -> _Scan | None:
     keep = np.zeros(ops.height, bool)
     t0, t1, last, in_order = None, None, None, True
     lanes = []
-    for a, b in _chunks(ops.height):
+    for a, b in chunks(ops.height):
         f = ops.slice(a, b - a)
         k = keep[a:b] = _keep(f)
         if not k.any():
             continue
-        s, e = _ints(f["start_ns"])[k], _ints(f["end_ns"])[k]
+        s, e = ints(f["start_ns"])[k], ints(f["end_ns"])[k]
         t0 = int(s.min()) if t0 is None else min(t0, int(s.min()))
         t1 = int(e.max()) if t1 is None else max(t1, int(e.max()))
         in_order = in_order and (last is None or s[0] >= last) and bool(np.all(s[1:] >= s[:-1]))
@@ -313,7 +139,7 @@ def _in_start_order(ops: pl.DataFrame, scan: _Scan, api_rows: np.ndarray
     """The drawn ops in start order, chunk by chunk, with their API rows."""
     cols = ops.select(*_LANE, "start_ns", "end_ns", "op_class")
     if scan.in_order:
-        for a, b in _chunks(ops.height):
+        for a, b in chunks(ops.height):
             k = scan.keep[a:b]
             if k.all():
                 yield cols.slice(a, b - a), api_rows[a:b]
@@ -321,8 +147,8 @@ def _in_start_order(ops: pl.DataFrame, scan: _Scan, api_rows: np.ndarray
                 yield cols.slice(a, b - a).filter(pl.Series(k)), api_rows[a:b][k]
         return
     rows = np.flatnonzero(scan.keep)  # (frames built in memory: sorted here)
-    rows = rows[np.argsort(_ints(ops["start_ns"])[rows], kind="stable")]
-    for a, b in _chunks(rows.size):
+    rows = rows[np.argsort(ints(ops["start_ns"])[rows], kind="stable")]
+    for a, b in chunks(rows.size):
         yield cols[rows[a:b]], api_rows[rows[a:b]]
 
 
@@ -374,7 +200,7 @@ def _lane_stats(ops: pl.DataFrame, scan: _Scan, edges: np.ndarray, api_rows: np.
         lane = scan.lanes.of(f)
         counts += np.bincount(lane * n_cls + _class_codes(f["op_class"]),
                               minlength=counts.size)
-        s, e = _ints(f["start_ns"]), _ints(f["end_ns"])
+        s, e = ints(f["start_ns"]), ints(f["end_ns"])
         by_lane = np.argsort(lane.astype(small), kind="stable")  # start order within a lane
         lane = lane[by_lane]
         cuts = np.concatenate([[0], np.flatnonzero(lane[1:] != lane[:-1]) + 1, [lane.size]])
@@ -389,8 +215,8 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
                   states: list[DeviceTimeline]) -> dict[str, Any]:
     """The page's timeline payload (see the module docstring); ``states`` are the binned
     per-device class shares (`plots.device_timelines`) drawn as the engine-state strip."""
-    strings = _Strings()
-    blob = _Blob()
+    strings = Strings()
+    blob = Blob()
     ops = trace.gpu_ops if trace.has("gpu_ops") else None
     scan = _scan(ops) if ops is not None else None
     if ops is None or scan is None:
@@ -424,12 +250,12 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
                           "cls": CLASS_INDEX.get(classes[top] if top < len(classes) else None,
                                                  OTHER_CLASS),
                           "n_ops": int(counts[g].sum()),
-                          "overview": _share_bytes(covers[g].share(edges))})
+                          "overview": share_bytes(covers[g].share(edges))})
         tl = state_of.get(int(dev))
         state = None
         if tl is not None:
             state = {"t0": int(tl.edges[0]) - t0, "t1": int(tl.edges[-1]) - t0,
-                     "rows": [{"name": n, "share": _share_bytes(v)}
+                     "rows": [{"name": n, "share": share_bytes(v)}
                               for n, v in tl.lanes.items()]}
         devices.append({"id": int(dev), "lanes": lanes, "state": state,
                         "busy": None if tl is None else tl.busy_frac,
@@ -457,7 +283,7 @@ def _raw_ops(ops: pl.DataFrame, scan: _Scan, api: pl.DataFrame, api_rows: np.nda
     start, end = ops["start_ns"], ops["end_ns"]
 
     def durations(a: int, b: int) -> np.ndarray:
-        d = _ints(end.slice(a, b - a)) - _ints(start.slice(a, b - a))
+        d = ints(end.slice(a, b - a)) - ints(start.slice(a, b - a))
         d[~scan.keep[a:b]] = -1
         return d
 
@@ -469,25 +295,25 @@ def _raw_ops(ops: pl.DataFrame, scan: _Scan, api: pl.DataFrame, api_rows: np.nda
             pl.Series("_row", rows)).sort([*tied.columns, "api", "launch_tid"],
                                           nulls_last=True)["_row"].to_numpy()
 
-    return _longest(ops.height, durations, MAX_RAW_OPS, tie_order)[0]
+    return longest(ops.height, durations, MAX_RAW_OPS, tie_order)[0]
 
 
 def _pack_ops(ops: pl.DataFrame, rows: np.ndarray, lanes: _Lanes, lane_devices: np.ndarray,
-              t0: int, strings: _Strings, blob: _Blob, api: pl.DataFrame,
+              t0: int, strings: Strings, blob: Blob, api: pl.DataFrame,
               api_rows: np.ndarray) -> None:
     """The ops columns of ``rows``, grouped by device then lane, start-sorted within a lane
     (then by end, name, launching call and class)."""
     lane = np.zeros(rows.size, np.int32)
     keys = ops.select(_LANE)
-    for a, b in _chunks(rows.size):
+    for a, b in chunks(rows.size):
         lane[a:b] = lanes.of(keys[rows[a:b]])
-    start = _ints(ops["start_ns"].gather(rows))
-    end = _ints(ops["end_ns"].gather(rows))
+    start = ints(ops["start_ns"].gather(rows))
+    end = ints(ops["end_ns"].gather(rows))
     name = ops["name"].gather(rows)
     call = op_link.gather(api["name"], api_rows[rows])
     op_class = ops["op_class"].gather(rows)
-    order = _lex_order([lane, start, end, _text_rank(name), _text_rank(call),
-                        _class_codes(op_class)])
+    order = lex_order([lane, start, end, text_rank(name), text_rank(call),
+                       _class_codes(op_class)])
     lane, start, end = lane[order], start[order], end[order]
     # a lane's position among its device's lanes (lanes are sorted by device)
     first_of_device = np.searchsorted(lane_devices, lane_devices)
@@ -521,7 +347,7 @@ def _capped(df: pl.DataFrame, cap: int) -> pl.DataFrame:
         nulls_last=True).head(cap).drop("_d")
 
 
-def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: _Strings) -> list[list]:
+def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: Strings) -> list[list]:
     if gaps is None or gaps.is_empty():
         return []
     g = gaps.filter((pl.col("scope") == "device") & (pl.col("device_id") == dev))
@@ -533,7 +359,7 @@ def _gaps(gaps: pl.DataFrame | None, dev: int, t0: int, strings: _Strings) -> li
             zip(g.select("start_ns", "end_ns").iter_rows(), cause, detail, strict=True)]
 
 
-def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: _Strings, blob: _Blob,
+def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: Strings, blob: Blob,
           notes: list[str]) -> dict[str, Any] | None:
     """NVTX ranges of the threads that launched GPU ops (``launchers``), one lane per
     thread."""
@@ -549,7 +375,7 @@ def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: _Strings, blob: 
     def durations(a: int, b: int) -> np.ndarray:
         f = nvtx.slice(a, b - a)
         k = f.select(drawn.fill_null(False)).to_series().to_numpy()
-        d = _ints(f["end_ns"]) - np.maximum(_ints(f["start_ns"]), t0)
+        d = ints(f["end_ns"]) - np.maximum(ints(f["start_ns"]), t0)
         d[~k] = -1
         return d
 
@@ -557,7 +383,7 @@ def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: _Strings, blob: 
         tied = nvtx.select(cols)[rows].with_columns(from_t0, pl.Series("_row", rows))
         return tied.sort(cols, nulls_last=True)["_row"].to_numpy()
 
-    rows, total = _longest(nvtx.height, durations, MAX_NVTX, tie_order)
+    rows, total = longest(nvtx.height, durations, MAX_NVTX, tie_order)
     if total == 0:
         return None
     if rows.size < total:
@@ -566,8 +392,8 @@ def _nvtx(trace: Trace, launchers: pl.Series, t0: int, strings: _Strings, blob: 
     del rows
     threads = n.select("global_tid", "pid", "tid").unique().sort("global_tid")
     index = {g: i for i, g in enumerate(threads["global_tid"].to_list())}
-    n = n[_lex_order([_ints(n["global_tid"]), _ints(n["start_ns"]), _ints(n["end_ns"]),
-                      _text_rank(n["name"]), _ints(n["depth"], 1 << 40)])]
+    n = n[lex_order([ints(n["global_tid"]), ints(n["start_ns"]), ints(n["end_ns"]),
+                     text_rank(n["name"]), ints(n["depth"], 1 << 40)])]
     depth = n["depth"].fill_null(0).clip(0, MAX_NVTX_DEPTH).to_numpy()
     thread = n["global_tid"].replace_strict(index, return_dtype=pl.Int64).to_numpy()
     blob.add("nvtx_thread", thread)
