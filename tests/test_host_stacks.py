@@ -94,6 +94,37 @@ def test_planted_summary(tmp_path: Path) -> None:
     _assert_equal(path)
 
 
+def test_callers_deeper_than_the_first_read_equal_the_reference(tmp_path: Path) -> None:
+    """The callers of OS leaves are read in two steps (`adapters_stacks.NEAR_CALLERS` first,
+    then deeper frames of the samples still without a known caller): a known caller at
+    depth 1, 2, 3 or 6, behind unknown and OS frames, and ties at a deep depth, give what
+    one read of every frame gives."""
+    from nsysan.load.adapters_stacks import NEAR_CALLERS
+
+    assert max(NEAR_CALLERS) < 3
+    b = TraceBuilder()
+    main = b.add_process(100, "python", main_thread="python")
+    b.add_gpu(0)
+    mystery = "/opt/libmystery.so"
+    b.add_sample(main, 1_000, [("read", LIBC), ("PyEval", PYTHON)])
+    b.add_sample(main, 2_000, [("read", LIBC), ("memcpy", LIBC), ("Decode", DALI)])
+    b.add_sample(main, 3_000, [("read", LIBC), ("m", mystery), ("n", mystery),
+                               ("Decode", DALI), ("PyEval", PYTHON)])
+    b.add_sample(main, 4_000, [("read", LIBC), ("a", LIBC), ("b", VDSO), ("c", LIBC),
+                               ("d", LIBC), ("e", mystery), ("cuLaunch", LIBCUDA)])
+    b.add_sample(main, 5_000, [("read", LIBC), ("a", LIBC), ("b", LIBC), ("c", LIBC)])
+    path = b.write(tmp_path / "t.sqlite")
+    got = _summary(path)
+    assert got["stack_layer"].to_list() == [
+        "framework", "data_pipeline", "data_pipeline", "runtime_driver", "os"]
+    _assert_equal(path)
+    rows, ids = _chains(path)
+    deep = next(r for r in rows if r[2] == ids[LIBCUDA])
+    tie = (deep[0], ids["Decode"], ids[DALI], deep[3])  # same depth: the text decides
+    _rewrite_callchains(path, [*rows, tie])
+    _assert_equal(path)
+
+
 def test_ties_nulls_and_missing_leaves_equal_the_reference(tmp_path: Path) -> None:
     path = _builder().write(tmp_path / "t.sqlite")
     rows, ids = _chains(path)
