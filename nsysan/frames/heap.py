@@ -4,7 +4,7 @@ Why: polars allocates with its own jemalloc, but the Arrow buffers of a SQLite r
 driver), numpy arrays and pyarrow's conversions come from glibc's malloc, which keeps freed
 blocks in its arenas for reuse. A frame build or a pass frees hundreds of MB of them that the
 next phase, allocating through jemalloc, never reuses: on a 1M-kernel trace the process's
-peak was ~150 MB higher than what it held (measured in bench/RESULTS.md, "Memory"). `trim`
+peak was ~150 MB higher than what it held (bench/RESULTS.md, "Issue 21 (memory)"). `trim`
 asks glibc to return them (``malloc_trim``); elsewhere (another libc) it does nothing.
 """
 

@@ -225,8 +225,9 @@ def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
-    """``pairs`` (``launch_id, rix``) joined with ``op_launch`` on ``launch_id``, and which
-    pairs found an op (their launch launched something)."""
+    """``rix, device_id, start_ns, end_ns``: ``pairs`` (``launch_id, rix``) joined with
+    ``op_launch`` on ``launch_id``; and which pairs found an op (their launch launched
+    something)."""
     # A merge join: launch ids of the ops come nearly sorted (a cheap stable argsort) and
     # each pair's ops are one block of them, found by two binary searches; a hash join over
     # millions of pairs misses the cache at every probe.
@@ -244,9 +245,10 @@ def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame
         pair_rows, op_rows = _merge_rows(launch, wanted)
         has_ops = np.zeros(len(wanted), bool)
         has_ops[pair_rows] = True
+    # (only what the sums read: the range and the op's device and bounds)
     inc = (
-        pairs.select("launch_id", "rix")[pair_rows]
-        .hstack(op_launch.select(pl.exclude("launch_id"))[op_rows])
+        pairs.select("rix")[pair_rows]
+        .hstack(op_launch.select("device_id", "start_ns", "end_ns")[op_rows])
     )
     return inc, has_ops
 
@@ -309,16 +311,23 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .with_row_index("op_id")
     )
     launches, op_launch = _launches(trace, ops)
+    total_gpu = _total_busy(trace, ops)
+    launch_tids = launches["global_tid"].unique()
+    # Memory: the (launch, enclosing range) pairs and the ops joined to them are the pass's
+    # largest intermediates (a row per op and enclosing range: several per op). The
+    # exclusive shares are computed before the inclusive members are built, and each
+    # intermediate is dropped after its last use, so that they are never all alive at once.
+    del ops
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     pairs = cn.enclosing(
         launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
     ).collect()
-    # Inclusive membership: (range, op) for every enclosing range.
-    inc, has_ops = _members(pairs, op_launch)
+    del launches
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
     # (launch_id and rix are unique across threads: no ``by`` needed.)
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
     owned = _owned(op_launch, inner.collect(), trace.cuda_api.height)
+    del inner
     owned_union = iv.total(owned, by=["device_id"]).collect()
     shares = (
         cn.equal_shares(owned, by=["device_id"])
@@ -326,20 +335,27 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .agg(pl.col("share_ns").sum().alias("share"))
     )
     excl = _largest_remainder(shares, owned_union.lazy()).collect()
+    del owned, shares
     n_ranges, n_layers = ranges.height, layer_tab.height
     exclusive = np.zeros(n_ranges, np.int64)
     # (null: a device whose owned ops all have zero length has no union; a sum skips it)
     np.add.at(exclusive, excl["rix"].to_numpy(),
               excl["exclusive_gpu_ns"].fill_null(0).to_numpy())
+    del excl
 
+    # Inclusive membership: (range, op) for every enclosing range.
+    inc, has_ops = _members(pairs, op_launch)
+    del op_launch
     # Per range and per layer: arrays indexed by rix / lid (see `attribution_sums`).
     rix = inc["rix"].to_numpy()
     lid = lid_of_rix.to_numpy()
     proj_start, proj_end = sums.projection(rix, inc["start_ns"], inc["end_ns"], n_ranges)
     # A (launch, range) pair is listed once: distinct launches of a range = pairs with ops.
     launched = pairs.filter(pl.Series(has_ops)).select("launch_id", "rix")
+    del pairs
     pair_rix = launched["rix"].to_numpy()
     range_busy, layer_busy = sums.union_busies(inc, [(rix, n_ranges), (lid[rix], n_layers)])
+    del inc, rix
     attribution = (
         ranges.select(
             "range_id", "pid", "tid", "domain", "name", "depth", "parent_range_id",
@@ -354,7 +370,6 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
             pl.lit(trace_id).alias("trace_id"),
         )
     )
-    total_gpu = _total_busy(trace, ops)
     attributed = int(owned_union["busy_ns"].sum())
     per_layer = pl.DataFrame({
         "lid": pl.Series(np.arange(n_layers), dtype=layer_tab.schema["lid"]),
@@ -375,7 +390,6 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
         .sort(["exclusive_gpu_ns", "gpu_busy_ns", "domain", "name"],
               descending=[True, True, False, False], nulls_last=True)
     )
-    launch_tids = launches["global_tid"].unique()
     if not params.keep_empty_ranges:
         attribution = attribution.filter(pl.col("n_gpu_ops") > 0)
 
