@@ -93,3 +93,25 @@ def test_progress_mode_follows_the_terminal():
     bar.start(1)
     bar.update(failed_record(task("[x]"), message="m [y]"))
     bar.close()
+
+
+def test_a_worker_waits_for_the_frame_cache_before_its_next_trace(tmp_path, monkeypatch):
+    """The frame cache is written in background threads that hold the trace's frames: a
+    worker (a Dask worker runs its traces one after another) waits for them before it
+    returns, so two traces' frames are never held at once."""
+    from nsysan.batch.worker import run_one
+    from nsysan.load import cache
+    from nsysan.testing import host_scenarios as hs
+
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    calls: list[str] = []
+    original = cache.flush
+    monkeypatch.setattr(cache, "flush", lambda: (calls.append("flush"), original())[1])
+    t = RunTask(trace_id="t", path=str(path), format="sqlite", group="",
+                out_root=str(tmp_path / "out"), batch_id="b", sha256="0" * 64, skip_key="k",
+                input_bytes=path.stat().st_size,
+                params={"passes": [], "params": {}, "options": {}},
+                passes=("gaps", "kernels"))
+    record = run_one(t)
+    assert record.status == "ok", record
+    assert calls == ["flush"]

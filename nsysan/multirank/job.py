@@ -300,12 +300,11 @@ def analyze_job(
                 .with_columns(pl.col("_r").alias("rank")).drop("_r"))
 
     n_default = world or ranks.height
-    findings = []
-    for table, names in zip(nccl_tables, gpu_names, strict=True):
-        table = nccl_pass.with_default_ranks(table, n_default)
-        findings += nccl_pass.low_bandwidth_findings(table, nccl_params, lambda n=names: n)
-    nccl_all = (pl.concat([nccl_pass.with_default_ranks(t, n_default) for t in nccl_tables])
-                if nccl_tables else schemas.empty(schemas.NCCL))
+    nccl_tables = [nccl_pass.with_default_ranks(t, n_default) for t in nccl_tables]
+    findings = [f for table, names in zip(nccl_tables, gpu_names, strict=True)
+                for f in nccl_pass.low_bandwidth_findings(table, nccl_params,
+                                                          lambda n=names: n)]
+    nccl_all = pl.concat(nccl_tables) if nccl_tables else schemas.empty(schemas.NCCL)
     events = [renumbered(e) for e in events]
     steps_parts = [renumbered(st) for st in steps_parts]
     events.append(align.nccl_events(nccl_all, ranks))

@@ -146,7 +146,7 @@ def _explicit(rank_map: Mapping[Any, int] | None, trace: Trace, pid: int, n_proc
     return None
 
 
-#: columns of `rank_candidates` / `discover_ranks`
+#: columns of `rank_candidates` / `assign_ranks`
 RANK_SCHEMA = {"trace_index": pl.Int64, "trace_id": pl.String, "pid": pl.Int64,
                "global_pid": pl.Int64, "device_id": pl.Int64, "rank": pl.Int64,
                "rank_source": pl.String, "hostname": pl.String}
@@ -155,7 +155,7 @@ RANK_SCHEMA = {"trace_index": pl.Int64, "trace_id": pl.String, "pid": pl.Int64,
 def rank_candidates(t_index: int, trace: Trace, rank_map: Mapping[Any, int] | None = None
                     ) -> pl.DataFrame:
     """The rank processes of one profile with the rank its own evidence gives them (null
-    where it gives none): `discover_ranks` before the job-wide numbering (`assign_ranks`).
+    where it gives none), before the job-wide numbering (`assign_ranks`).
     Reads only this profile, so a job can go through its profiles one at a time."""
     rows: list[dict[str, Any]] = []
     procs = rank_processes(trace)
@@ -221,11 +221,3 @@ def assign_ranks(candidates: Sequence[pl.DataFrame]) -> pl.DataFrame:
             .alias("rank_source"),
         )
     return df.sort("rank")
-
-
-def discover_ranks(
-    traces: Sequence[Trace], rank_map: Mapping[Any, int] | None = None
-) -> pl.DataFrame:
-    """One row per rank: ``trace_index, trace_id, pid, global_pid, device_id, rank,
-    rank_source, hostname`` (sorted by rank)."""
-    return assign_ranks([rank_candidates(i, t, rank_map) for i, t in enumerate(traces)])

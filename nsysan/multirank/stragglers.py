@@ -85,18 +85,6 @@ def to_job_time(parts: Sequence[tuple[int, pl.DataFrame]], ranks: pl.DataFrame,
     return pl.concat(out).select("rank", "cat", "name", "start_ns", "end_ns")
 
 
-def rank_intervals(traces: Sequence[Trace], ranks: pl.DataFrame, offsets: pl.DataFrame,
-                   data_pattern: str) -> pl.DataFrame:
-    """``rank, cat, name, start_ns, end_ns`` in job time: the activity categories of every
-    rank process (see the module doc); ``name`` Categorical, as in the frames."""
-    parts = []
-    for t_index, trace in enumerate(traces):  # one iteration per profile
-        pids = ranks.filter(pl.col("trace_index") == t_index)["pid"]
-        if not pids.is_empty():
-            parts.append((t_index, local_intervals(trace, pids, data_pattern)))
-    return to_job_time(parts, ranks, offsets)
-
-
 def windows_before(coll: pl.DataFrame, first_activity: pl.DataFrame) -> pl.DataFrame:
     """``instance, rank, start_ns, end_ns``: from the rank's previous collective end (or its
     first activity) to its arrival."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nsysan.frames import intervals as iv
 from nsysan.frames.trace import Trace
 
 #: a thread switched out while still running was preempted: it could have run on
@@ -79,10 +80,7 @@ def oversubscribed(sched: pl.DataFrame, waiting: pl.DataFrame | None
     over = demand[:-1] > cpus
     if not over.any():
         return cpus, _EMPTY
-    seg_s, seg_e = times[:-1][over], times[1:][over]
-    # merge touching segments
-    new = np.append(True, seg_s[1:] != seg_e[:-1])
-    first = np.flatnonzero(new)
-    last_of = np.append(first[1:] - 1, seg_s.size - 1)
-    return cpus, pl.DataFrame({"start_ns": seg_s[first], "end_ns": seg_e[last_of]},
+    # (segments of distinct instants: sorted, disjoint, never empty; touching ones merge)
+    start, end = iv.merge_sorted(times[:-1][over], times[1:][over])
+    return cpus, pl.DataFrame({"start_ns": start, "end_ns": end},
                               schema={"start_ns": pl.Int64, "end_ns": pl.Int64})
