@@ -16,6 +16,10 @@ costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
   meaningful order for reports), so that an Enum too sorts, compares and takes min/max by its
   text: every content order (`nsysan.frames.order`) is the one the String columns had.
 
+Integers are as narrow as their values allow (`OS_ID`, ``I32``: OS ids, CPUs, launch geometry,
+API return values; a 1M-kernel ``gpu_ops`` 154 -> 126 B per op); the output tables hold
+``pid``/``tid`` as Int64, and a pass keying a table on a frame's ``pid`` casts it.
+
 What still needs text works on the distinct values (``df[col].unique().cast(pl.String)``) and
 joins or maps back; two frames' keys join when both are Categorical (or both the same Enum),
 never a Categorical with a String. ``trace_id`` stays String (one broadcast value), and so do
@@ -36,6 +40,9 @@ from nsysan.frames.schemas_comm import NCCL_OPS as NCCL_OPS
 
 I64 = pl.Int64
 I32 = pl.Int32
+#: OS process and thread ids in the frames: 24 bits of nsys' global ids
+#: (`nsysan.load.adapters.pid_of`); the output tables hold them as Int64
+OS_ID = pl.Int32
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
@@ -97,7 +104,7 @@ GPU_OPS = pl.Schema(
         "start_ns": I64,
         "end_ns": I64,
         "global_pid": I64,
-        "pid": I64,
+        "pid": OS_ID,
         "device_id": I64,
         "context_id": I64,
         "stream_id": I64,
@@ -109,12 +116,12 @@ GPU_OPS = pl.Schema(
         "dst_kind": CAT,  # memcpy: destination memory kind; memset: the memory kind set
         "bytes": I64,
         "graph_node_id": I64,
-        "grid_x": I64,
-        "grid_y": I64,
-        "grid_z": I64,
-        "block_x": I64,
-        "block_y": I64,
-        "block_z": I64,
+        "grid_x": I32,
+        "grid_y": I32,
+        "grid_z": I32,
+        "block_x": I32,
+        "block_y": I32,
+        "block_z": I32,
         "op_class": OP_CLASS,  # one of OP_CLASSES
     }
 )
@@ -126,13 +133,13 @@ CUDA_API = pl.Schema(
         "end_ns": I64,
         "global_tid": I64,
         "global_pid": I64,
-        "pid": I64,
-        "tid": I64,
+        "pid": OS_ID,
+        "tid": OS_ID,
         "correlation_id": I64,
         "name": CAT,  # version suffix (_v7000) stripped
         "api_class": API_CLASS,  # one of API_CLASSES
         "layer": API_LAYER,  # runtime | driver
-        "return_value": I64,
+        "return_value": I32,
     }
 )
 
@@ -146,8 +153,8 @@ NVTX = pl.Schema(
         "end_ns": I64,  # marks: end_ns == start_ns
         "global_tid": I64,
         "global_pid": I64,
-        "pid": I64,
-        "tid": I64,
+        "pid": OS_ID,
+        "tid": OS_ID,
         "end_global_tid": I64,  # null unless a start/end range ended on another thread
         "domain": CAT,  # "" for the default domain
         "name": CAT,
@@ -166,8 +173,8 @@ OSRT = pl.Schema(
         "start_ns": I64,
         "end_ns": I64,
         "global_tid": I64,
-        "pid": I64,
-        "tid": I64,
+        "pid": OS_ID,
+        "tid": OS_ID,
         "name": CAT,
     }
 )
@@ -178,7 +185,7 @@ SYNC = pl.Schema(
         "start_ns": I64,
         "end_ns": I64,
         "global_pid": I64,
-        "pid": I64,
+        "pid": OS_ID,
         "device_id": I64,
         "context_id": I64,
         "stream_id": I64,
@@ -193,7 +200,7 @@ OVERHEAD = pl.Schema(
         "start_ns": I64,
         "end_ns": I64,
         "global_tid": I64,
-        "pid": I64,
+        "pid": OS_ID,
         "name": CAT,
     }
 )
@@ -216,7 +223,7 @@ GPUS = pl.Schema(
 STREAMS = pl.Schema(
     {
         "trace_id": STR,
-        "pid": I64,
+        "pid": OS_ID,
         "context_id": I64,
         "stream_id": I64,
         "priority": I64,
@@ -228,7 +235,7 @@ PROCESSES = pl.Schema(
     {
         "trace_id": STR,
         "global_pid": I64,
-        "pid": I64,
+        "pid": OS_ID,
         "name": STR,
     }
 )
@@ -237,8 +244,8 @@ THREADS = pl.Schema(
     {
         "trace_id": STR,
         "global_tid": I64,
-        "pid": I64,
-        "tid": I64,
+        "pid": OS_ID,
+        "tid": OS_ID,
         "name": STR,
     }
 )
@@ -256,7 +263,7 @@ MEMORY_EVENTS = pl.Schema(
         "trace_id": STR,
         "start_ns": I64,
         "global_pid": I64,
-        "pid": I64,
+        "pid": OS_ID,
         "device_id": I64,
         "bytes": I64,
         "mem_kind": CAT,  # device | pinned | managed | array | device_static | ... (snake_case)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsysan.frames.schemas import BOOL, I64, STACK_LAYER, STR
+from nsysan.frames.schemas import BOOL, I32, I64, OS_ID, STACK_LAYER, STR
 
 SCHED = pl.Schema(
     {
         "trace_id": STR,
         "global_tid": I64,
-        "pid": I64,
-        "tid": I64,
-        "cpu": I64,  # the CPU of the switch-in
+        "pid": OS_ID,
+        "tid": OS_ID,
+        "cpu": I32,  # the CPU of the switch-in
         "start_ns": I64,  # switch-in (or the session start when the thread ran already)
         "end_ns": I64,  # switch-out (or the session end when it never switched out)
         "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
@@ -32,9 +32,9 @@ CPU_SAMPLES = pl.Schema(
         "sample_id": I64,  # COMPOSITE_EVENTS.id: joins cpu_stacks
         "time_ns": I64,
         "global_tid": I64,
-        "pid": I64,
-        "tid": I64,
-        "cpu": I64,
+        "pid": OS_ID,
+        "tid": OS_ID,
+        "cpu": I32,
         # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...): a few labels
         "thread_state": pl.Categorical(),
         # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)

@@ -50,9 +50,9 @@ _LONG_ROWS = 1024
 
 
 def launch_calls(trace: Trace) -> pl.DataFrame:
-    """``pid, device_id, stream_id`` of every timed GPU op (the ``gpu_ops`` rows with
-    ``start_ns > 0``) with ``global_tid, start_ns`` of the API call that launched it, in no
-    particular order.
+    """``pid`` (Int64, as in the gap tables), ``device_id, stream_id`` of every timed GPU op
+    (the ``gpu_ops`` rows with ``start_ns > 0``) with ``global_tid, start_ns`` of the API call
+    that launched it, in no particular order.
 
     Both the launching threads of each gap (`owners`) and the "did this NVTX range launch
     work" test need this link of the two largest frames: every op's call is known once
@@ -67,7 +67,8 @@ def launch_calls(trace: Trace) -> pl.DataFrame:
         .filter(timed & (pl.col("_row") >= 0))
     )
     return linked.select(
-        *KEY_COLS,
+        pl.col("pid").cast(pl.Int64),  # the gaps' key (the frames hold OS ids as Int32)
+        "device_id", "stream_id",
         api["global_tid"].gather(linked["_row"]),
         api["start_ns"].gather(linked["_row"]),
     )
@@ -208,6 +209,7 @@ def evidence(
         "start_ns", "end_ns",
     )
     proc = pl.concat([api_ev.select(proc_cols), sync_ev, ovh_ev], how="vertical_relaxed")
+    proc = proc.with_columns(pl.col("pid").cast(pl.Int64))  # the gaps' key (frames: Int32)
 
     osrt_ev = _prune(trace.frame("osrt"), windows).select(
         "global_tid", pl.lit("osrt_wait").alias("cat"),

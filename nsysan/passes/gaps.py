@@ -115,7 +115,7 @@ def _busy(ops: pl.LazyFrame, overhead: pl.DataFrame, scope: str) -> pl.LazyFrame
     ovh = (
         overhead.lazy()
         .filter(pl.col("name").is_in(STARV_OVERHEAD_NAMES))
-        .select("pid", "start_ns", "end_ns")
+        .select(pl.col("pid").cast(pl.Int64), "start_ns", "end_ns")
         .join(span, on="pid")
         # Replicated onto every (pid, device) span of its process, strictly inside it.
         .filter((pl.col("start_ns") > pl.col("_s")) & (pl.col("end_ns") < pl.col("_e")))
@@ -241,7 +241,10 @@ def _summary(
 
 def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
     tid = trace.trace_id
-    ops = trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
+    # (the frames hold OS ids as Int32; the gap tables, and the null keys of other scopes,
+    # as Int64)
+    ops = (trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
+           .with_columns(pl.col("pid").cast(pl.Int64)))
     overhead = trace.frame("overhead")
     found, parts = [], []
     for scope in dict.fromkeys(params.scopes):
