@@ -20,7 +20,7 @@ from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
-from nsysan.passes.schedule import analysis_context, pass_workers, run_passes
+from nsysan.passes.schedule import analysis_context, build_workers, pass_workers, run_passes
 
 if TYPE_CHECKING:
     from nsysan.findings.rules import Diagnosis
@@ -179,7 +179,7 @@ def _run_passes(
     if any(s.name == "host" for s in specs):  # its frames load while the other passes run
         from nsysan.passes.host import frames_to_read
 
-        trace.prefetch(frames_to_read(trace))
+        trace.prefetch(frames_to_read(trace), workers=build_workers(trace), first=True)
     timings = {"open": time.perf_counter() - t0}
     if passes is None and registry.auto_passes(trace, settings) != chosen:
         specs = registry.resolve(registry.auto_passes(trace, settings))

@@ -187,3 +187,87 @@ def test_each_frame_build_returns_the_freed_heap(monkeypatch) -> None:
     trace.frame("gpu_ops")
     assert trims == [1]
     heap.trim()  # the real one: harmless wherever it runs
+
+
+def _recording_loader(delay_s: float = 0.05):
+    """A loader that records the order frames were built in and the most built at once."""
+    from nsysan.frames import schemas_host
+
+    lock = threading.Lock()
+    running, most, order = [0], [0], []
+
+    def loader(name: str) -> pl.DataFrame:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            order.append(name)
+        threading.Event().wait(delay_s)
+        with lock:
+            running[0] -= 1
+        schema = schemas.CANONICAL.get(name) or schemas_host.HOST_EVIDENCE[name]
+        return schemas.empty(schema)
+
+    return loader, most, order
+
+
+def _wait_for_prefetch(trace) -> None:
+    # (waiting for the threads, not asking for the frames: the caller would build one itself)
+    for _ in range(1000):
+        if trace._prefetching.threads == 0:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("prefetch threads still running")
+
+
+def test_prefetch_calls_share_one_queue_and_their_threads() -> None:
+    """The event frames and, later, the host frames are prefetched by separate calls: the
+    frames are still built at most ``workers`` at a time (each build's transient copies held
+    at once), every frame once."""
+    loader, most, order = _recording_loader()
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops", "nvtx", "cuda_api"])
+    trace.prefetch(["cpu_samples", "sched", "gpu_ops"])  # (gpu_ops: queued already)
+    trace.prefetch(["osrt"], workers=2)
+    _wait_for_prefetch(trace)
+    # every prefetch thread ended with the queue: a later call starts new ones
+    assert trace._prefetching.threads == 0 and not trace._prefetching.todo
+    assert sorted(order) == sorted(["gpu_ops", "nvtx", "cuda_api", "cpu_samples", "sched",
+                                    "osrt"])
+    assert most[0] == 2
+    for name in order:  # built: asking for them builds nothing again
+        trace.frame(name)
+    assert len(order) == 6
+
+
+def test_prefetch_first_goes_ahead_of_the_waiting_frames() -> None:
+    """``first`` puts frames ahead of those no thread took yet (the host frames of a trace
+    whose builds are bounded), and a call may add threads up to its ``workers``."""
+    loader, most, order = _recording_loader(0.1)
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops", "nvtx", "cuda_api", "sync"], workers=1)
+    for _ in range(1000):  # until the one thread took gpu_ops
+        if order:
+            break
+        threading.Event().wait(0.005)
+    trace.prefetch(["cpu_samples", "sched"], workers=1, first=True)
+    _wait_for_prefetch(trace)
+    assert order == ["gpu_ops", "cpu_samples", "sched", "nvtx", "cuda_api", "sync"]
+    assert most[0] == 1
+    # more workers than run: the call starts the difference
+    loader, most, order = _recording_loader(0.3)
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops", "nvtx", "cuda_api", "sync"], workers=2)
+    trace.prefetch(["cpu_samples", "sched"], workers=4, first=True)
+    _wait_for_prefetch(trace)
+    assert most[0] == 4 and sorted(order[:4]) == ["cpu_samples", "gpu_ops", "nvtx", "sched"]
+
+
+def test_frame_builds_are_bounded_above_the_concurrency_limit() -> None:
+    """Four frames at once on a trace of up to `CONCURRENT_MAX_OPS` kernels, two above it."""
+    from nsysan.frames.trace import TableCounts
+    from nsysan.passes.schedule import CONCURRENT_MAX_OPS, build_workers
+
+    for kernels, workers in ((10, 4), (CONCURRENT_MAX_OPS, 4), (CONCURRENT_MAX_OPS + 1, 2)):
+        trace = _trace(lambda name: schemas.empty(schemas.CANONICAL[name]))
+        trace.meta.tables = TableCounts({"CUPTI_ACTIVITY_KIND_KERNEL": kernels})
+        assert build_workers(trace) == workers

@@ -104,6 +104,14 @@ class TraceMeta:
 FrameLoader = Callable[[str], pl.DataFrame]
 
 
+@dataclass
+class _PrefetchQueue:
+    """The frames waiting for a prefetch thread, and how many threads take from them: one
+    queue per trace, whatever number of `Trace.prefetch` calls filled it."""
+    todo: deque[str] = field(default_factory=deque)
+    threads: int = 0
+
+
 class Trace:
     """Canonical frames of one profile.
 
@@ -120,6 +128,7 @@ class Trace:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._queued: set[str] = set()  # frames `prefetch` was asked for (once each)
+        self._prefetching = _PrefetchQueue()
 
     def __repr__(self) -> str:
         return f"Trace({self.meta.trace_id!r}, source={str(self.meta.source_path)!r})"
@@ -133,6 +142,7 @@ class Trace:
         view._locks = self._locks
         view._locks_guard = self._locks_guard
         view._queued = self._queued
+        view._prefetching = self._prefetching
 
     @property
     def trace_id(self) -> str:
@@ -152,7 +162,7 @@ class Trace:
                 trim()  # what building it freed (`nsysan.frames.heap`)
         return self._frames[name]
 
-    def prefetch(self, names: Iterable[str], workers: int = 2) -> None:
+    def prefetch(self, names: Iterable[str], workers: int = 2, *, first: bool = False) -> None:
         """Start building ``names`` in background threads, in the given order.
 
         Why: reading SQLite (`SqliteSource` bulk reads) and the polars work of building a frame
@@ -160,24 +170,40 @@ class Trace:
         and while the first passes already run. A frame asked for before a thread got to it is
         built by the caller; a failed build is simply built again (and raises) when asked for.
         The threads are daemons: an interrupted analysis exits without waiting for them.
+
+        All calls share one queue and its threads: a call starts threads until ``workers``
+        run, so frames are built at most that many at a time (plus one a pass may be building
+        in the caller's thread), and the transient copies of a build (the SQLite read, its
+        sort) are held for no more frames at once: on a 10M-kernel trace they are gigabytes.
+        With ``first``, ``names`` go ahead of the frames still waiting (the analysis queues
+        the host frames so: otherwise, on a trace whose builds are bounded, they were built
+        last, while the heaviest passes ran).
         """
+        queue = self._prefetching
         with self._locks_guard:  # a frame is queued once, however often prefetch is called
-            todo = deque(n for n in dict.fromkeys(names)
-                         if (n in schemas.CANONICAL or n in schemas_host.HOST_EVIDENCE)
-                         and n not in self._frames
-                         and n not in self._queued)
-            self._queued.update(todo)
+            new = [n for n in dict.fromkeys(names)
+                   if (n in schemas.CANONICAL or n in schemas_host.HOST_EVIDENCE)
+                   and n not in self._frames
+                   and n not in self._queued]
+            self._queued.update(new)
+            if first:
+                queue.todo.extendleft(reversed(new))
+            else:
+                queue.todo.extend(new)
+            start = max(0, min(workers - queue.threads, len(queue.todo)))
+            queue.threads += start
 
         def work() -> None:
-            while todo:
-                try:
-                    name = todo.popleft()
-                except IndexError:  # another thread took the last one
-                    return
+            while True:
+                with self._locks_guard:  # (an empty queue and the thread's end: one step)
+                    if not queue.todo:
+                        queue.threads -= 1
+                        return
+                    name = queue.todo.popleft()
                 with contextlib.suppress(Exception):  # the caller's own frame() reports it
                     self.frame(name)
 
-        for _ in range(min(workers, len(todo))):
+        for _ in range(start):
             threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
 
     def release(self, names: Iterable[str] | None = None) -> None:

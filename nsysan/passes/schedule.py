@@ -54,6 +54,16 @@ def pass_workers(trace: Trace) -> int:
     return 2 if CONCURRENT_MIN_OPS <= ops <= CONCURRENT_MAX_OPS else 1
 
 
+def build_workers(trace: Trace) -> int:
+    """How many frames of ``trace`` may be built at once, whatever number of `Trace.prefetch`
+    calls asked for them: 4 (two threads for the event frames, two for the host frames),
+    but 2 above `CONCURRENT_MAX_OPS` kernels, where each build's transient copies (the
+    SQLite read, its sort) are gigabytes and four at once made the peak of a 10M-kernel
+    trace depend on how long they happened to overlap."""
+    ops = trace.meta.tables.get("CUPTI_ACTIVITY_KIND_KERNEL", 0)
+    return 2 if ops > CONCURRENT_MAX_OPS else 4
+
+
 @contextlib.contextmanager
 def analysis_context(trace: Trace) -> Iterator[AnalysisContext]:
     """One analysis of ``trace``: the `AnalysisContext` its passes, findings and reports share
