@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -181,3 +182,26 @@ def test_tightest_ties_on_length_fall_back_to_the_full_order():
     pairs = pl.DataFrame({"query_id": [0, 0, 1, 1], "range_id": [0, 1, 2, 3]})
     got = cn.tightest(pairs, ranges, depth="depth").collect().sort("query_id")
     assert got["range_id"].to_list() == [1, 2]  # later start; then greater depth
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_interval_events_equal_the_concatenated_sort(seed: int) -> None:
+    """`sweeps.interval_events` builds and sorts in one array what the sweeps used to build
+    from temporaries: the same events, in the same order; `sort_in_place` sorts like np.sort
+    on sorted runs (its stable path) and on shuffled values."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 2000))
+    starts = np.sort(rng.integers(0, 1 << 30, n)) if seed % 2 else rng.integers(0, 1 << 30, n)
+    ends = starts + rng.integers(0, 1000, n)
+    bits = int(rng.integers(1, 6))
+    member = rng.integers(0, 1 << bits, n)
+    np.testing.assert_array_equal(sweeps.interval_events(starts, ends),
+                                  np.sort(np.concatenate([starts << 1 | 1, ends << 1])))
+    np.testing.assert_array_equal(
+        sweeps.interval_events(starts, ends, bits, member),
+        np.sort(np.concatenate([((starts << 1 | 1) << bits) | member,
+                                (ends << (1 + bits)) | member])))
+    values = np.concatenate([starts, ends])
+    expected = np.sort(values)
+    assert sweeps.sort_in_place(values) is values
+    np.testing.assert_array_equal(values, expected)

@@ -13,7 +13,7 @@ import polars as pl
 
 from nsysan.frames.intervals import END, START
 from nsysan.frames.packed_keys import LIMIT, Keys
-from nsysan.frames.sweeps import sort_order, sorted_values
+from nsysan.frames.sweeps import interval_events, sort_order
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -296,11 +296,11 @@ def equal_shares(
     # replace joins on (by, time).
     keys = Keys([x], by, [start, end], low=2)
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
-    events = sorted_values(np.concatenate([k_start << 1 | 1, k_end << 1]))
+    key = interval_events(k_start, k_end)
     # The active count after all events at an instant: the running sum at its last event
     # (deltas sum to zero per group, so the sum restarts at every group by itself).
-    count = np.cumsum((events & 1) * 2 - 1)
-    key = events >> 1
+    count = np.cumsum((key & 1) * 2 - 1)
+    key >>= 1
     last = np.ones(len(key), bool)
     last[:-1] = key[1:] != key[:-1]
     key, count = key[last], count[last]

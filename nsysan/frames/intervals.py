@@ -188,7 +188,7 @@ def state_code_segments(
     cls = x["_c"].to_numpy()
     events = np.concatenate([(keys.pack(0, start).to_numpy() << shift) + 2 * cls + 1,
                              (keys.pack(0, end).to_numpy() << shift) + 2 * cls])
-    events = sweeps.sorted_values(events)  # ops sorted by start: two runs
+    events = sweeps.sort_in_place(events)  # ops sorted by start: two runs
     key, code = sweeps.state_instants(events, shift, len(classes))
     # Segments are maximal runs of one state: keep the instants where the state changes. A
     # group's first instant has something active and its last nothing, so group boundaries are

@@ -40,14 +40,44 @@ def sort_order(keys: np.ndarray) -> np.ndarray:
 
 
 def sorted_values(values: np.ndarray) -> np.ndarray:
-    """``np.sort(values)``. Event keys often come as a few sorted runs (ops sorted by device
-    and start: their starts are one run, their ends nearly another); numpy's stable sort, a
-    timsort, merges such runs in a few linear passes, two to five times faster than its
-    default quicksort. On shuffled values it is ten times slower, so it is taken only when
-    few neighbours are out of order (counting them is one cheap pass)."""
+    """``np.sort(values)`` (`sort_in_place` of a copy)."""
+    return sort_in_place(values.copy())
+
+
+def sort_in_place(values: np.ndarray) -> np.ndarray:
+    """Sort ``values`` itself and return it: an array the caller built for the sort needs no
+    sorted copy beside it (the events of a 10M-op trace are ~190 MB per array).
+
+    Event keys often come as a few sorted runs (ops sorted by device and start: their starts
+    are one run, their ends nearly another); numpy's stable sort, a timsort, merges such runs
+    in a few linear passes, two to five times faster than its default quicksort. On shuffled
+    values it is ten times slower, so it is taken only when few neighbours are out of order
+    (counting them is one cheap pass)."""
     if len(values) > 1 and np.count_nonzero(values[1:] < values[:-1]) * 50 < len(values):
-        return np.sort(values, kind="stable")
-    return np.sort(values)
+        values.sort(kind="stable")
+    else:
+        values.sort()
+    return values
+
+
+def interval_events(starts: np.ndarray, ends: np.ndarray, shift: int = 0,
+                    member: np.ndarray | None = None) -> np.ndarray:
+    """The sorted events of intervals with packed Int64 keys ``starts``/``ends``: a start is
+    ``(start << 1 | 1) << shift | member``, an end ``(end << 1) << shift | member`` (an end
+    sorts before a start at the same instant). Built in one array of the events' size and
+    sorted there: no temporaries of that size beside it."""
+    n = len(starts)
+    events = np.empty(2 * n, np.int64)
+    first, second = events[:n], events[n:]
+    np.left_shift(starts, 1, out=first)
+    first |= 1
+    np.left_shift(ends, 1, out=second)
+    if shift:
+        events <<= shift
+    if member is not None:
+        first |= member
+        second |= member
+    return sort_in_place(events)
 
 
 def stable_order(index: np.ndarray, n: int) -> np.ndarray:
@@ -115,25 +145,31 @@ def member_concurrency(
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
     # Narrow dtypes for the per-event arrays (memory traffic is the cost): a level counts
     # members, far below 2**31.
+    # Memory: on a 10M-op trace each array of the events is ~190 MB; they are built and
+    # sorted in place, and each is dropped after its last use.
     if _serial(member, n_members, k_start, k_end):
         # No member runs two intervals at once (a CUDA stream runs its ops one after the
         # other): active members = active intervals, a running sum of +-1 over the events,
         # without the members' own sweeps.
-        events = sorted_values(np.concatenate([k_start << 1 | 1, k_end << 1]))
-        level = np.cumsum((events & 1).astype(np.int8) * 2 - 1, dtype=np.int32)
-        key = events >> 1
+        del member
+        key = interval_events(k_start, k_end)
+        del k_start, k_end
+        level = np.cumsum((key & 1).astype(np.int8) * 2 - 1, dtype=np.int32)
+        key >>= 1
     else:
-        events = sorted_values(np.concatenate([
-            ((k_start << 1 | 1) << bits) | member, (k_end << (1 + bits)) | member,
-        ]))
-        is_start = ((events >> bits) & 1).astype(np.int8)
-        order = stable_order(events & ((1 << bits) - 1), n_members)
+        key = interval_events(k_start, k_end, bits, member)
+        del k_start, k_end, member
+        is_start = ((key >> bits) & 1).astype(np.int8)
+        order = stable_order(key & ((1 << bits) - 1), n_members)
         s_o = is_start[order]
+        del is_start
         d = 2 * s_o - 1
         toggles = np.empty_like(d)
         toggles[order] = np.where(np.cumsum(d, dtype=np.int64) == s_o, d, 0)  # 0 <-> 1
+        del order, s_o, d
         level = np.cumsum(toggles, dtype=np.int32)
-        key = events >> (1 + bits)
+        del toggles
+        key >>= 1 + bits
     group = key // keys.span
     firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(key) else key
     if not len(key):
@@ -145,13 +181,21 @@ def member_concurrency(
     # (starts), so its maximum is still reached after an instant's last event. A group's
     # last segment runs into the next group: its length is set to 0.
     length = keys.lengths(key[:-1], key[1:])
+    del key
     length[group[:-1] != group[1:]] = 0
-    busy = np.where(level[:-1] > 0, length, 0)
+    group = group[firsts]
+    # Integer sums, then one division: exactly what a group-by of n * length would give.
+    # Busy time is the length of the segments with a member active; zeroing the others
+    # first changes no sum of level * length (their level is 0), so both sums come from
+    # ``length`` itself, in place.
+    at = level[:-1]
+    length[at <= 0] = 0
+    busy = np.add.reduceat(length, firsts)
+    length *= at
     out = pl.DataFrame({
-        GROUP: group[firsts],
+        GROUP: group,
         max_name: np.maximum.reduceat(level, firsts).astype(np.int64),
-        # Integer sums, then one division: exactly what a group-by of n * length would give.
-        mean_name: np.add.reduceat(level[:-1] * length, firsts) / np.add.reduceat(busy, firsts),
+        mean_name: np.add.reduceat(length, firsts) / busy,
     }, schema={GROUP: pl.Int64, max_name: pl.Int64, mean_name: pl.Float64})
     return keys.attach_by(out)
 
