@@ -88,6 +88,33 @@ def test_sort_by_time_handles_ties_with_decreasing_ends() -> None:
         ordered.sort("start_ns", "end_ns", maintain_order=True))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_sort_by_time_in_place_equals_a_sort_then_tie_break(seed: int) -> None:
+    """The column-by-column sort of `gpu_ops` (`sort_by_time_in_place`, `time_order`) gives
+    the order of a whole-frame sort by (start, end) whose ties are broken by every other
+    column (`order.break_ties`), on chunked frames full of ties, decreasing ends and nulls."""
+    import numpy as np
+
+    from nsysan.frames.order import break_ties
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 400))
+    start = rng.integers(0, 20, n)
+    df = pl.DataFrame({
+        "start": start, "end": start + rng.integers(0, 4, n),
+        "a": pl.Series(rng.integers(0, 3, n)).set(pl.Series(rng.random(n) < 0.2), None),
+        "b": rng.integers(0, 2, n),
+    })
+    cut = int(rng.integers(1, n))
+    chunked = pl.concat([df[:cut], df[cut:]], rechunk=False)
+    expected = break_ties(df.sort("start", "end", maintain_order=True), ["start", "end"])
+    assert adapters.sort_by_time(chunked, "start", "end").equals(expected)
+    own = chunked.clone()
+    assert adapters.sort_by_time_in_place(own, "start", "end").equals(expected)
+    assert own.equals(expected)  # sorted in place ...
+    assert chunked.equals(df)  # ... and only the frame given: its clone's source is as it was
+
+
 def test_prefetched_frames_equal_frames_built_one_by_one(shared_traces: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1000)  # sc22's event tables go bulk

@@ -13,7 +13,7 @@ whole load.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -28,6 +28,37 @@ def tied_rows(df: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
     with_prev = df.select(same.fill_null(False).alias("tie")).to_series()
     with_next = with_prev.shift(-1, fill_value=False)
     return with_prev | with_next
+
+
+def tie_order(df: pl.DataFrame, order: pl.Series, keys: Sequence[str]) -> pl.Series:
+    """`break_ties` as a row order: ``order`` (row numbers of ``df`` sorting it by ``keys``,
+    ascending) with the rows that tie on ``keys`` ordered by every other column. For a
+    caller that gathers the rows itself (`nsysan.load.adapters.sort_by_time_in_place`)."""
+    rest = [c for c in df.columns if c not in keys]
+    if not rest or df.height < 2:
+        return order
+    perm = _tie_perm(df.select(keys)[order], lambda at: df[order.gather(at)], keys,
+                     [False] * len(keys), rest)
+    return order if perm is None else order.gather(perm)
+
+
+def _tie_perm(keyed: pl.DataFrame, rows_at: Callable[[pl.Series], pl.DataFrame],
+              keys: Sequence[str], desc: list[bool], rest: list[str]) -> np.ndarray | None:
+    """Positions of the sorted rows (``keyed``: their ``keys``; ``rows_at``: the rows at some
+    positions) that order the rows tying on ``keys`` by ``rest``; None when none tie."""
+    tied = tied_rows(keyed, keys)
+    if not tied.any():
+        return None
+    at = tied.arg_true()
+    # Sorting the tied rows by keys + rest keeps each block of ties where it was (the
+    # blocks differ on keys, which lead the sort) and orders the rows inside each block.
+    sub = rows_at(at).with_columns(pl.Series("_at", at)).sort(
+        [*keys, *rest], descending=desc + [False] * len(rest), nulls_last=False,
+        maintain_order=True,
+    )
+    perm = np.arange(keyed.height, dtype=np.int64)
+    perm[at.to_numpy()] = sub["_at"].to_numpy()
+    return perm
 
 
 def content_sort(
@@ -59,16 +90,5 @@ def break_ties(
     rest = [c for c in (ties if ties is not None else df.columns) if c not in keys]
     if not rest or df.height < 2:
         return df
-    tied = tied_rows(df, keys)
-    if not tied.any():
-        return df
-    at = tied.arg_true()
-    # Sorting the tied rows by keys + rest keeps each block of ties where it was (the
-    # blocks differ on keys, which lead the sort) and orders the rows inside each block.
-    sub = df[at].with_columns(pl.Series("_at", at)).sort(
-        [*keys, *rest], descending=desc + [False] * len(rest), nulls_last=False,
-        maintain_order=True,
-    )
-    perm = np.arange(df.height, dtype=np.int64)
-    perm[at.to_numpy()] = sub["_at"].to_numpy()
-    return df[perm]
+    perm = _tie_perm(df, lambda at: df[at], keys, desc, rest)
+    return df if perm is None else df[perm]

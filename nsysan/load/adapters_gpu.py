@@ -21,7 +21,7 @@ from nsysan.load.adapters import (
     categorical,
     enum_mapped,
     pid_of,
-    sort_by_time,
+    sort_by_time_in_place,
 )
 from nsysan.load.quality import drop_duplicate_rows, drop_impossible
 
@@ -45,7 +45,8 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         return None
     # Each step below copies ~20 columns (GBs on 10M kernels), so inputs are released as
     # soon as they are copied, and the filter runs only when it removes something.
-    ops = pl.concat(parts, how="diagonal_relaxed").rechunk()
+    # (not rechunked: the sort below gathers every column into one chunk anyway)
+    ops = pl.concat(parts, how="diagonal_relaxed")
     del parts, tables
     quality = adapter.quality("gpu_ops")
     unrecorded = (ops["start"] == 0) & (ops["end"] == 0)
@@ -58,7 +59,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
     )
     ops = drop_impossible(ops, quality, adapter.session)
     ops = adapter.default_process(ops)
-    ops = sort_by_time(ops, "start", "end")
+    ops = sort_by_time_in_place(ops, "start", "end")  # (ops: this function's own frame)
     ops = drop_duplicate_rows(ops, quality, start="start")
     # Every text column is an integer key mapped once through a small lookup cast to
     # Categorical (`adapters.categorical`): each row holds a 4-byte code, no string is
