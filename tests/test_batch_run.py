@@ -263,6 +263,18 @@ def test_cli_batch_config_errors(archive, tmp_path, args, message):
     assert "Traceback" not in res.output
 
 
+def test_cli_batch_dask_executor_without_dask(archive, tmp_path, monkeypatch):
+    """Dask is an extra: without it, ``--executor dask`` says how to install it, and writes
+    nothing."""
+    monkeypatch.setitem(sys.modules, "distributed", None)  # (its import raises ImportError)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(batch_cmd, [str(archive), "-o", str(out), "--executor", "dask"])
+    assert res.exit_code == 1
+    assert res.stderr.startswith("Error: ") and "pip install 'nsysan[dask]'" in res.stderr
+    assert "Traceback" not in res.output
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_cli_catalog_queries(reference):
     out = reference[0]
     res = CliRunner().invoke(catalog_cmd, ["query", "--catalog", str(out), "--json"])

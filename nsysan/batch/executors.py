@@ -173,16 +173,18 @@ class DaskExecutor:
     name = "dask"
 
     def __init__(self, jobs: int | None = None, scheduler: str | None = None):
+        # Checked here, before the batch writes anything: Dask is an extra.
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--executor dask needs dask.distributed: pip install 'nsysan[dask]'"
+            ) from None
         self.jobs = jobs or default_jobs()
         self.scheduler = scheduler
 
     def _client(self) -> tuple[Any, Any]:
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise ConfigError(
-                "--executor dask needs dask.distributed: pip install 'dask[distributed]'"
-            ) from None
+        from distributed import Client, LocalCluster
         if self.scheduler:
             try:
                 return Client(self.scheduler, timeout="15s"), None
