@@ -298,3 +298,21 @@ def test_frame_builds_are_bounded_above_the_concurrency_limit() -> None:
         trace = _trace(lambda name: schemas.empty(schemas.CANONICAL[name]))
         trace.meta.tables = TableCounts({"CUPTI_ACTIVITY_KIND_KERNEL": kernels})
         assert build_workers(trace) == workers
+
+
+def test_a_prefetch_thread_that_cannot_start_is_not_counted(monkeypatch) -> None:
+    """When the system gives no thread, the queue does not count one: a later prefetch
+    starts threads again, and every frame is still built (by it, or by the caller)."""
+    loader, _, order = _recording_loader(0.0)
+    trace = _trace(loader)
+
+    def refuse(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        trace.prefetch(["gpu_ops", "nvtx"])
+    assert trace._prefetching.threads == 0
+    trace.prefetch(["cuda_api"])
+    _wait_for_prefetch(trace)
+    assert sorted(order) == ["cuda_api", "gpu_ops", "nvtx"]

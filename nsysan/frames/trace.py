@@ -204,7 +204,11 @@ class Trace:
                     self.frame(name)
 
         for _ in range(start):
-            threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
+            try:
+                threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
+            except RuntimeError:  # no thread to be had: the callers build what is left
+                with self._locks_guard:
+                    queue.threads -= 1
 
     def release(self, names: Iterable[str] | None = None) -> None:
         """Forget the built frames ``names`` (all by default): a later `frame` builds them
