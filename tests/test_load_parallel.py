@@ -316,3 +316,28 @@ def test_a_prefetch_thread_that_cannot_start_is_not_counted(monkeypatch) -> None
     trace.prefetch(["cuda_api"])
     _wait_for_prefetch(trace)
     assert sorted(order) == ["cuda_api", "gpu_ops", "nvtx"]
+
+
+def test_the_build_bound_does_not_wait_for_the_row_counts() -> None:
+    """How many frames are built at once is decided as soon as a SQLite trace is open: from
+    the span of the kernel table's rowids, not from its count(*) (seconds on a cold 10M-kernel
+    file), which may still be running."""
+    from concurrent.futures import Future
+
+    from nsysan.frames.trace import TableCounts
+    from nsysan.passes.schedule import CONCURRENT_MAX_OPS, build_workers
+
+    never: Future[dict[str, int]] = Future()  # counts that never finish
+    kernel = "CUPTI_ACTIVITY_KIND_KERNEL"
+    for bound, workers in ((10, 4), (CONCURRENT_MAX_OPS + 1, 2)):
+        trace = _trace(lambda name: schemas.empty(schemas.CANONICAL[name]))
+        trace.meta.tables = TableCounts(names=[kernel], nonempty={kernel: True},
+                                        pending=never, bounds={kernel: bound})
+        assert build_workers(trace) == workers
+    # the SQLite source gives the bounds: here, the row counts themselves
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "example_ddp.sqlite"
+    trace = open_trace(fixture, frame_cache=False)
+    tables = trace.meta.tables
+    bounds = tables._bounds  # (the counts may have finished: at_most then gives them)
+    assert set(bounds) == set(tables) and all(bounds[t] >= n for t, n in tables.items())
+    assert bounds[kernel] == tables[kernel] > 0

@@ -28,11 +28,13 @@ class TableCounts(Mapping[str, int]):
 
     def __init__(self, counts: Mapping[str, int] | None = None, *,
                  names: Iterable[str] = (), nonempty: Mapping[str, bool] | None = None,
-                 pending: Future[dict[str, int]] | None = None):
+                 pending: Future[dict[str, int]] | None = None,
+                 bounds: Mapping[str, int] | None = None):
         self._counts: dict[str, int] | None = dict(counts) if counts is not None else None
         self._names = list(self._counts) if self._counts is not None else list(names)
         self._nonempty = dict(nonempty or {})
         self._pending = pending
+        self._bounds = dict(bounds or {})
 
     def _resolved(self) -> dict[str, int]:
         if self._counts is None:
@@ -57,6 +59,13 @@ class TableCounts(Mapping[str, int]):
 
     def __reduce__(self):  # pickled (batch workers, caches) as the plain counts
         return (TableCounts, (self._resolved(),))
+
+    def at_most(self, table: str) -> int:
+        """At least as many as ``table``'s rows (0 if absent), without waiting for the counts
+        when the source gave a bound at once (SQLite: the span of the rowids); else the count."""
+        if self._counts is None and table in self._bounds:
+            return self._bounds[table]
+        return self.get(table, 0)
 
     def has_rows(self, table: str) -> bool:
         """True when ``table`` exists and holds at least one row (no waiting for counts)."""

@@ -142,8 +142,24 @@ class SqliteSource:
                 found = dict(self._execute(sql))
                 nonempty = {t: bool(found[i]) for i, t in enumerate(self._names)}
                 self._counts = TableCounts(names=self._names, nonempty=nonempty,
-                                           pending=self._count_in_background())
+                                           pending=self._count_in_background(),
+                                           bounds=self._row_bounds())
         return self._counts
+
+    def _row_bounds(self) -> dict[str, int]:
+        """The span of every table's rowids (0 when empty; two page walks each): an upper
+        bound of its row count known at once, for decisions that cannot wait for
+        ``count(*)``. None at all when a table has no rowid."""
+        # (one aggregate per SELECT: SQLite reads min or max alone from the b-tree's edge,
+        # but scans the table for both at once)
+        sql = " UNION ALL ".join(
+            f"SELECT {i}, (SELECT max(rowid) FROM {quote(t)}) - (SELECT min(rowid) FROM "
+            f"{quote(t)}) + 1" for i, t in enumerate(self._names))
+        try:
+            found = dict(self._execute(sql))
+        except TraceFormatError:  # (a WITHOUT ROWID table: no bounds, the counts decide)
+            return {}
+        return {t: int(found[i] or 0) for i, t in enumerate(self._names)}
 
     def _count_in_background(self) -> Future[dict[str, int]]:
         sql = " UNION ALL ".join(

@@ -60,7 +60,9 @@ def build_workers(trace: Trace) -> int:
     but 2 above `CONCURRENT_MAX_OPS` kernels, where each build's transient copies (the
     SQLite read, its sort) are gigabytes and four at once made the peak of a 10M-kernel
     trace depend on how long they happened to overlap."""
-    ops = trace.meta.tables.get("CUPTI_ACTIVITY_KIND_KERNEL", 0)
+    # (a bound known at once: the host frames are queued as soon as the trace is open, and a
+    # count(*) of a cold 10M-kernel file takes seconds)
+    ops = trace.meta.tables.at_most("CUPTI_ACTIVITY_KIND_KERNEL")
     return 2 if ops > CONCURRENT_MAX_OPS else 4
 
 
