@@ -32,6 +32,7 @@ import polars as pl
 
 from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.frames.trace import TableCounts
+from nsysan.load import sqlite_bulk
 from nsysan.load.quality import bounded_sql, readable_sql, text_limit, truncate_text
 from nsysan.load.source import RowFilter
 from nsysan.load.sqlite_file import (
@@ -430,64 +431,17 @@ class SqliteSource:
     def _read_bulk(
         self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
     ) -> pl.DataFrame | None:
-        """All ``columns`` of a big table through ADBC and pyarrow's stream reader, or None to
-        take the per-column paths below.
-
-        Why: polars imports an Arrow stream holding the GIL for the whole read; pyarrow's
-        reader releases it, for the same CPU time, so frames built in parallel threads
-        (`Trace.prefetch`) read their tables on separate cores. Each call opens its own
-        connection for that reason. TEXT columns come as ``coalesce(c, '')`` plus an is-null
-        flag, because ADBC types a column from its first batch and a NULL-first text column
-        would come out as integers; the Arrow data is fully validated, so text that is not
-        UTF-8 (which the row path reads with replacement characters) is never handed to polars.
-        Any surprise — a value stored with another type, a column typed otherwise, no driver —
-        returns None, and the caller reads the table the per-column way.
-        """
-        if os.environ.get("NSYSAN_NO_ADBC") or any(
-            dtypes[c] not in (pl.Int64(), pl.Float64(), pl.String()) for c in columns
-        ):
+        """All ``columns`` of a big table in one ADBC read (`sqlite_bulk.read_bulk`), or None
+        to take the per-column paths below."""
+        if os.environ.get("NSYSAN_NO_ADBC"):
             return None
-        select, flags = [], {}
-        for i, c in enumerate(columns):
-            if dtypes[c] == pl.String():
-                flags[c] = f"_nsysan_null_{i}"
-                bounded = bounded_sql(table, quote(c), dtypes[c])
-                select += [f"coalesce({bounded}, '') AS {quote(c)}",
-                           f"CASE typeof({quote(c)}) WHEN 'null' THEN 1 WHEN 'blob' THEN 2 "
-                           f"ELSE 0 END AS {flags[c]}"]
-            else:
-                select.append(quote(c))
-        sql = f"SELECT {', '.join(select)} FROM {quote(table)}"
-        try:
-            import adbc_driver_sqlite
-            import pyarrow as pa
-            from adbc_driver_manager import AdbcConnection, AdbcStatement
-
-            with adbc_driver_sqlite.connect(file_uri(self.path, self._immutable)) as db, \
-                    AdbcConnection(db) as con, AdbcStatement(con) as stmt:
-                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 16)})
-                stmt.set_sql_query(sql)
-                stream, _ = stmt.execute_query()
-                arrow = pa.RecordBatchReader.from_stream(stream).read_all()
-            if flags:
-                arrow.validate(full=True)
-            # One contiguous copy now, while the batches can be freed right after: sorting a
-            # chunked frame would copy it twice (rechunk, then gather) with both alive.
-            df = pl.from_arrow(arrow)
-            del arrow
-        except Exception:  # any driver or data surprise: the caller takes the other paths
+        read = sqlite_bulk.read_bulk(file_uri(self.path, self._immutable), table, columns,
+                                     dtypes, self.rows_estimate(table))
+        if read is None:
             return None
-        if not isinstance(df, pl.DataFrame) or any(
-            df.schema[c] not in (dtypes[c], pl.Null()) for c in columns
-        ):
-            return None
-        # ADBC fails on any other value of a number column, so only text can have been nulled
-        self._set_nulled(table, {c: int((df[f] == 2).sum()) if c in flags else 0
-                                 for c, f in [(c, flags.get(c, "")) for c in columns]})
-        return df.select(
-            pl.when(pl.col(flags[c]) == 0).then(pl.col(c)).alias(c) if c in flags
-            else pl.col(c).cast(dtypes[c]) for c in columns
-        )
+        df, nulled = read
+        self._set_nulled(table, nulled)
+        return df
 
     def _adbc_connection(self):  # -> adbc_driver_manager.AdbcConnection | None
         if self._adbc is None:

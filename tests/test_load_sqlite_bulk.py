@@ -1,0 +1,124 @@
+"""The one-read path of big tables (`nsysan.load.sqlite_bulk`): number columns go batch by
+batch into their final buffers, and whatever they hold the frame equals the row path's."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from nsysan.load import sqlite as sqlite_source
+from nsysan.load import sqlite_bulk
+from nsysan.load.sqlite import SqliteSource
+
+DDL = "k INTEGER, a INTEGER NOT NULL, b INTEGER, x REAL"
+COLUMNS = ["k", "a", "b", "x"]
+
+
+def _table(path: Path, rows: list[tuple], rowids: list[int] | None = None) -> Path:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")  # an nsys
+    con.execute("CREATE TABLE ANALYSIS_DETAILS (duration INTEGER)")  # file
+    con.execute(f"CREATE TABLE T ({DDL})")
+    if rowids is None:
+        con.executemany("INSERT INTO T VALUES (?, ?, ?, ?)", rows)
+    else:
+        con.executemany("INSERT INTO T (rowid, k, a, b, x) VALUES (?, ?, ?, ?, ?)",
+                        [(r, *row) for r, row in zip(rowids, rows, strict=True)])
+    con.commit()
+    con.close()
+    return path
+
+
+def _read(path: Path, monkeypatch: pytest.MonkeyPatch, *, bulk: bool):
+    """(frame, what `read_bulk` answered: None when it declined) on one path."""
+    answers: list[object] = []
+    orig = sqlite_bulk.read_bulk
+    monkeypatch.setattr(sqlite_bulk, "read_bulk",
+                        lambda *a: answers.append(r := orig(*a)) or r)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1 if bulk else 10**12)
+    if bulk:
+        monkeypatch.delenv("NSYSAN_NO_ADBC", raising=False)
+    else:
+        monkeypatch.setenv("NSYSAN_NO_ADBC", "1")
+    source = SqliteSource(path)
+    try:
+        return source.read("T", COLUMNS), answers, source.issues("T")
+    finally:
+        source.close()
+
+
+def _rows(n: int) -> list[tuple]:
+    # NULLs first in k (a whole first batch of them), scattered in b, never in a
+    return [(None if i < 250 else i * 3, i, None if i % 7 == 0 else -i, i / 4) for i in range(n)]
+
+
+@pytest.mark.parametrize("batch_rows", [100, 1 << 16])
+def test_numbers_read_in_batches_equal_the_row_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_rows: int
+) -> None:
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", batch_rows)
+    path = _table(tmp_path / "t.sqlite", _rows(1000))
+    bulk, answers, _ = _read(path, monkeypatch, bulk=True)
+    rows, _, _ = _read(path, monkeypatch, bulk=False)
+    assert answers and answers[0] is not None  # the batch path answered
+    assert bulk.equals(rows) and bulk.schema == rows.schema
+    assert bulk.schema == pl.Schema({"k": pl.Int64, "a": pl.Int64, "b": pl.Int64,
+                                     "x": pl.Float64})
+    assert bulk["k"].null_count() == 250 and bulk["b"].null_count() == 143
+
+
+def test_a_column_of_nulls_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 64)
+    path = _table(tmp_path / "t.sqlite", [(None, i, None, None) for i in range(300)])
+    bulk, answers, _ = _read(path, monkeypatch, bulk=True)
+    rows, _, _ = _read(path, monkeypatch, bulk=False)
+    assert answers[0] is not None
+    assert bulk.equals(rows) and bulk["b"].null_count() == 300 and bulk.height == 300
+
+
+@pytest.mark.parametrize("rowids", ["negative", "sparse"])
+def test_rowids_that_do_not_count_the_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rowids: str
+) -> None:
+    """The buffers are sized by the largest rowid: a table with rowids below 1 has more
+    rows than that (the buffers grow), one with gaps fewer (the columns are cut to size)."""
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 100)
+    n = 1000
+    ids = list(range(-n + 10, 10)) if rowids == "negative" else [i * 50 + 1 for i in range(n)]
+    path = _table(tmp_path / "t.sqlite", _rows(n), rowids=ids)
+    bulk, answers, _ = _read(path, monkeypatch, bulk=True)
+    rows, _, _ = _read(path, monkeypatch, bulk=False)
+    assert answers[0] is not None
+    assert bulk.height == n and bulk.equals(rows)
+
+
+@pytest.mark.parametrize("bad", ["12x", 2.5, b"\x01"])
+def test_a_value_of_another_type_reads_the_table_the_other_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: object
+) -> None:
+    """SQLite stores any value in an INTEGER column: the batch path refuses it (however late
+    it comes), and the row path reads it as NULL and counts it."""
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 100)
+    rows_in = _rows(1000)
+    rows_in[777] = (rows_in[777][0], rows_in[777][1], bad, rows_in[777][3])
+    path = _table(tmp_path / "t.sqlite", rows_in)
+    bulk, answers, issues = _read(path, monkeypatch, bulk=True)
+    rows, _, _ = _read(path, monkeypatch, bulk=False)
+    assert answers == [None]
+    assert bulk.equals(rows) and bulk["b"][777] is None
+    assert issues["b"]["nulled"] == 1
+
+
+def test_the_batch_buffers_refuse_a_batch_of_another_shape() -> None:
+    import pyarrow as pa
+
+    buffers = sqlite_bulk._Buffers(["a", "b"], [pl.Int64(), pl.Int64()], 10)
+    with pytest.raises(sqlite_bulk.UnexpectedColumn):
+        buffers.append(pa.record_batch({"a": [1]}))
+    with pytest.raises(sqlite_bulk.UnexpectedColumn):
+        buffers.append(pa.record_batch({"a": [1], "b": ["text"]}))
+    with pytest.raises(sqlite_bulk.UnexpectedColumn):
+        sqlite_bulk._Buffers(["s"], [pl.String()], 10)
