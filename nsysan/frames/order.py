@@ -30,14 +30,18 @@ def tied_rows(df: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
     return with_prev | with_next
 
 
-def tie_order(df: pl.DataFrame, order: pl.Series, keys: Sequence[str]) -> pl.Series:
+def tie_order(df: pl.DataFrame, order: pl.Series, keys: Sequence[str],
+              keyed: pl.DataFrame | None = None) -> pl.Series:
     """`break_ties` as a row order: ``order`` (row numbers of ``df`` sorting it by ``keys``,
     ascending) with the rows that tie on ``keys`` ordered by every other column. For a
-    caller that gathers the rows itself (`nsysan.load.adapters.sort_by_time_in_place`)."""
+    caller that gathers the rows itself (`nsysan.load.adapters.sort_by_time_in_place`),
+    which may pass the ``keys`` columns in ``order`` it has already gathered (``keyed``)."""
     rest = [c for c in df.columns if c not in keys]
     if not rest or df.height < 2:
         return order
-    perm = _tie_perm(df.select(keys)[order], lambda at: df[order.gather(at)], keys,
+    if keyed is None:
+        keyed = df.select(keys)[order]
+    perm = _tie_perm(keyed.select(keys), lambda at: df[order.gather(at)], keys,
                      [False] * len(keys), rest)
     return order if perm is None else order.gather(perm)
 

@@ -202,27 +202,40 @@ def sort_by_time(df: pl.DataFrame, start: str = "start_ns", end: str = "end_ns")
 def sort_by_time_in_place(df: pl.DataFrame, start: str, end: str) -> pl.DataFrame:
     """`sort_by_time` of a frame the caller owns (no other reference sees it change): each
     column is replaced by its sorted copy in turn, so the sort holds one column twice, not
-    the frame (``gpu_ops`` of a 10M-kernel trace is ~2 GB of raw integer columns here)."""
+    the frame (``gpu_ops`` of a 10M-kernel trace is ~2 GB of raw integer columns here). The
+    sorted ``start`` and ``end`` that ordering the rows computed go in as they are."""
     for i in range(df.width):  # one chunk per column first (the sort of chunks is 3x slower)
         if df.to_series(i).n_chunks() > 1:
             df.replace_column(i, df.to_series(i).rechunk())
-    order = time_order(df, start, end)
-    for i in range(df.width):
-        df.replace_column(i, df.to_series(i).gather(order))
+    order, keys = _time_order(df, start, end)
+    for name in (start, end):
+        df.replace_column(df.get_column_index(name), keys.get_column(name))
+    del keys
+    for i, name in enumerate(df.columns):
+        if name not in (start, end):
+            df.replace_column(i, df.to_series(i).gather(order))
     return df
 
 
 def time_order(df: pl.DataFrame, start: str, end: str) -> pl.Series:
-    """The row numbers of ``df`` in `sort_by_time` order.
+    """The row numbers of ``df`` in `sort_by_time` order."""
+    return _time_order(df, start, end)[0]
+
+
+def _time_order(df: pl.DataFrame, start: str, end: str) -> tuple[pl.Series, pl.DataFrame]:
+    """`time_order`, and ``start``, ``end`` in that order (rows that tie are equal in both).
 
     Sorting by start alone is cheaper (one key) and gives the same order whenever the rows that
     share a start already have non-decreasing ends, which a vectorised check confirms; only
     otherwise is the two-key sort needed."""
     order = df.select(pl.arg_sort_by(start, maintain_order=True)).to_series()
-    s, e = df[start].gather(order), df[end].gather(order)
+    keys = pl.DataFrame([df[start].gather(order), df[end].gather(order)])
+    s, e = keys[start], keys[end]
     if ((s == s.shift(1)) & (e < e.shift(1))).any():
         order = df.select(pl.arg_sort_by(start, end, maintain_order=True)).to_series()
-    return tie_order(df, order, [start, end])
+        keys = pl.DataFrame([df[start].gather(order), df[end].gather(order)])
+    del s, e
+    return tie_order(df, order, [start, end], keys), keys
 
 
 def missing_frames(tables: Mapping[str, int]) -> tuple[dict[str, str], list[str]]:
