@@ -341,3 +341,31 @@ def test_the_build_bound_does_not_wait_for_the_row_counts() -> None:
     bounds = tables._bounds  # (the counts may have finished: at_most then gives them)
     assert set(bounds) == set(tables) and all(bounds[t] >= n for t, n in tables.items())
     assert bounds[kernel] == tables[kernel] > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_content_sort_in_place_equals_content_sort(seed: int) -> None:
+    """`content_sort_in_place` (the final sorts of ``cpu_samples`` and ``sched``) gives the
+    frame `content_sort` gives, on chunked frames with ties, nulls, Categorical text (sorted
+    lexically) and descending keys, with and without an explicit ``ties`` list."""
+    import numpy as np
+
+    from nsysan.frames.order import content_sort, content_sort_in_place
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 300))
+    df = pl.DataFrame({
+        "t": rng.integers(0, 15, n),
+        "u": pl.Series(rng.integers(0, 3, n)).set(pl.Series(rng.random(n) < 0.2), None),
+        "name": pl.Series(rng.choice(["b", "a", "c", "aa"], n)).cast(pl.Categorical()),
+        "v": rng.integers(0, 2, n),
+    })
+    cut = int(rng.integers(1, n))
+    chunked = pl.concat([df[:cut], df[cut:]], rechunk=False)
+    descending = [bool(seed % 2), False]
+    ties = None if seed % 3 else ["t", "u", "name"]
+    expected = content_sort(df, ["t", "u"], descending=descending, ties=ties)
+    own = chunked.clone()
+    out = content_sort_in_place(own, ["t", "u"], descending=descending, ties=ties)
+    assert out.equals(expected) and own.equals(expected)
+    assert chunked.equals(df)

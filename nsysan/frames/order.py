@@ -81,6 +81,33 @@ def content_sort(
     return break_ties(out, keys, descending=desc, ties=ties)
 
 
+def content_sort_in_place(
+    df: pl.DataFrame,
+    keys: Sequence[str],
+    *,
+    descending: Sequence[bool] | bool = False,
+    ties: Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """`content_sort` of a frame the caller owns (no other reference sees it change): the
+    row order is computed once and each column is replaced by its sorted copy in turn, so
+    the sort holds one column twice, not the frame (a sort of the whole frame holds both
+    copies until it ends: 600 MB more for ``cpu_samples`` of a 10M-kernel trace)."""
+    desc = [descending] * len(keys) if isinstance(descending, bool) else list(descending)
+    if df.height < 2:
+        return df
+    order = df.select(pl.arg_sort_by(list(keys), descending=desc, nulls_last=False,
+                                     maintain_order=True)).to_series()
+    rest = [c for c in (ties if ties is not None else df.columns) if c not in keys]
+    if rest:
+        perm = _tie_perm(df.select(keys)[order], lambda at: df[order.gather(at)], keys, desc,
+                         rest)
+        if perm is not None:
+            order = order.gather(perm)
+    for i in range(df.width):
+        df.replace_column(i, df.to_series(i).gather(order))
+    return df
+
+
 def break_ties(
     df: pl.DataFrame,
     keys: Sequence[str],

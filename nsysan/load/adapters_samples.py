@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas_host
-from nsysan.frames.order import content_sort
+from nsysan.frames.order import content_sort, content_sort_in_place
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 from nsysan.load.adapters_sched import state_labels
 
@@ -135,5 +135,6 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
         leaf_module="leaf_module",
         stack_layer="stack_layer",
     )
-    return adapter.finish(content_sort(df, ["time_ns", "global_tid", "sample_id"]),
+    # (in place: ``df`` is this function's own frame)
+    return adapter.finish(content_sort_in_place(df, ["time_ns", "global_tid", "sample_id"]),
                           schemas_host.CPU_SAMPLES)

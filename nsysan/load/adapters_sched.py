@@ -23,7 +23,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsysan.frames import schemas_host
-from nsysan.frames.order import content_sort
+from nsysan.frames.order import content_sort, content_sort_in_place
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 
 SCHED_TABLE = "SCHED_EVENTS"
@@ -128,5 +128,5 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
         open_end="open_end",
         out_state=pl.when(pl.col("_state").is_not_null()).then(pl.col("out_state")),
     )
-    out = content_sort(out, ["global_tid", "start_ns", "end_ns"])
+    out = content_sort_in_place(out, ["global_tid", "start_ns", "end_ns"])  # (its own)
     return adapter.finish(out, schemas_host.SCHED)
