@@ -134,6 +134,28 @@ def test_keys_sort_like_the_columns_with_nulls_first():
         assert decoded.equals(df.select(by)), by
 
 
+def test_keys_decode_the_same_after_forgetting_their_rows():
+    """`Keys.forget_rows` (the sorted GPU ops keep their keys through the reports) keeps
+    every decoding: by values through the radix or the lookup table, times by offset or
+    rank."""
+    df = pl.DataFrame({
+        "s": ["b", None, "a", "b", "a"],
+        "i": [3, 1, None, -(1 << 62), 1 << 62],
+        "t": [5, 4, 3, 2, 1 << 61],
+    })
+    for by in (["s"], ["i"], ["s", "i"], ["i"]):
+        keys = Keys([df], by, ["t"])
+        packed, codes = keys.pack(0, "t"), keys.group_code(0)
+        want = (keys.attach_by(pl.DataFrame({"_g": codes})),
+                pl.select(keys.time(pl.lit(packed))).to_series())
+        keys.forget_rows()
+        assert keys._frames == [] and keys._codes == []
+        got = (keys.attach_by(pl.DataFrame({"_g": codes})),
+               pl.select(keys.time(pl.lit(packed))).to_series())
+        assert got[0].equals(want[0]) and got[0].equals(df.select(by)), by
+        assert got[1].equals(want[1]) and got[1].to_list() == df["t"].to_list(), by
+
+
 def test_keys_across_frames_share_codes_and_times():
     a = pl.DataFrame({"g": [1, 2], "t": [10, 20]})
     b = pl.DataFrame({"g": [2, 1], "t": [15, 5]})

@@ -105,11 +105,22 @@ class Keys:
             if n_codes * self.span * low >= LIMIT:  # pragma: no cover - > 2^28 rows
                 raise ValueError("too many rows to pack interval keys")
         self._one_group = n_codes == 1
+        self._lut: pl.DataFrame | None = None  # (`forget_rows`)
         self._codes = []
         offset = 0
         for size in sizes:
             self._codes.append(code.slice(offset, size))
             offset += size
+
+    def forget_rows(self) -> Keys:
+        """Drop the frames and the group code of every row (`pack` and `group_code` need
+        them), keeping what decodes keys (`time`, `times`, `lengths`, `group`, `attach_by`):
+        for an owner that keeps the keys with its packed rows for long (the sorted GPU ops
+        of `nsysan.passes.device_blocks`: the frames would be held through the reports)."""
+        if self._radix is None and self._lut is None:
+            self._lut = self._group_table()
+        self._frames, self._codes = [], []
+        return self
 
     @property
     def dtype(self) -> pl.DataType:
@@ -184,13 +195,18 @@ class Keys:
                 code = code // n
             return out[::-1]
         # Codes are ranks: look every value up in a table of the distinct groups.
-        lut = pl.concat(
+        lut = self._lut if self._lut is not None else self._group_table()
+        rows = lut[GROUP].search_sorted(code)
+        return [lut[c].gather(rows) for c in self._by]
+
+
+    def _group_table(self) -> pl.DataFrame:
+        """The ``by`` values of every group code (a row per distinct group, by code)."""
+        return pl.concat(
             [f.select(self._by).with_columns(c.alias(GROUP))
              for f, c in zip(self._frames, self._codes, strict=True)],
             how="vertical_relaxed",
         ).unique(GROUP).sort(GROUP)
-        rows = lut[GROUP].search_sorted(code)
-        return [lut[c].gather(rows) for c in self._by]
 
 
 def group_agg(df: pl.DataFrame, by: Sequence[str], last: str,

@@ -145,19 +145,16 @@ def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     and the op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds; one launch
     per op at most, in ``op_id`` order). ``ops`` are the rows of ``gpu_ops`` with ``op_id`` =
     row number."""
-    cuda_api = trace.cuda_api
-    api = (
-        cuda_api.select("global_tid", "start_ns", "end_ns")
-        .with_row_index("launch_id")
-        .with_columns(pl.col("launch_id").cast(pl.Int64))
-    )
-    cols = ["launch_id", "global_tid", "start_ns", "end_ns"]
     rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
     found = rows >= 0  # every op's call is a row number: no hash joins
     op_launch = ops.filter(pl.Series(found)).select(
         "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
     )
-    return api.filter(op_link.launched(trace, rows)).select(cols), op_launch
+    # (the launching calls only, numbered by their row: no row index over every API call)
+    launching = op_link.launched(trace, rows)
+    api = trace.cuda_api.select("global_tid", "start_ns", "end_ns").filter(launching)
+    launch_id = pl.Series("launch_id", np.flatnonzero(launching.to_numpy()), pl.Int64)
+    return api.select(launch_id, pl.all()), op_launch
 
 
 def _owned(op_launch: pl.DataFrame, inner: pl.DataFrame, n_launches: int) -> pl.DataFrame:
