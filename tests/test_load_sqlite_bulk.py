@@ -79,20 +79,26 @@ def test_a_column_of_nulls_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert bulk.equals(rows) and bulk["b"].null_count() == 300 and bulk.height == 300
 
 
-@pytest.mark.parametrize("rowids", ["negative", "sparse"])
+@pytest.mark.parametrize("rowids", ["negative", "sparse", "huge"])
 def test_rowids_that_do_not_count_the_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rowids: str
 ) -> None:
     """The buffers are sized by the largest rowid: a table with rowids below 1 has more
-    rows than that (the buffers grow), one with gaps fewer (the columns are cut to size)."""
+    rows than that (the buffers grow), one with gaps fewer (the columns are cut to size);
+    huge rowids reserve no more than `FIRST_CAPACITY` rows."""
     monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 100)
     n = 1000
-    ids = list(range(-n + 10, 10)) if rowids == "negative" else [i * 50 + 1 for i in range(n)]
+    ids = {"negative": list(range(-n + 10, 10)), "sparse": [i * 50 + 1 for i in range(n)],
+           "huge": [(1 << 62) + i for i in range(n)]}[rowids]
     path = _table(tmp_path / "t.sqlite", _rows(n), rowids=ids)
     bulk, answers, _ = _read(path, monkeypatch, bulk=True)
     rows, _, _ = _read(path, monkeypatch, bulk=False)
     assert answers[0] is not None
     assert bulk.height == n and bulk.equals(rows)
+    if rowids == "huge":
+        monkeypatch.setattr(sqlite_bulk, "FIRST_CAPACITY", 64)  # (and grown from there)
+        again, answers, _ = _read(path, monkeypatch, bulk=True)
+        assert answers[0] is not None and again.equals(rows)
 
 
 @pytest.mark.parametrize("bad", ["12x", 2.5, b"\x01"])

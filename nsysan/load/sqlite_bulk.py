@@ -36,6 +36,9 @@ from nsysan.load.sqlite_sql import quote
 
 #: rows per ADBC batch: a batch of 20 number columns is ~10 MB, reused by the next one
 BATCH_ROWS = 1 << 16
+#: the most rows the buffers are sized for before the first batch (nsys numbers rows 1..n,
+#: but a file with huge rowids would otherwise reserve memory for rows it does not have)
+FIRST_CAPACITY = 1 << 26
 
 _NUMPY = {pl.Int64(): np.int64, pl.Float64(): np.float64}
 
@@ -124,7 +127,7 @@ class _Buffers:
         self.columns = list(columns)
         self.dtypes = list(dtypes)
         self.kinds: list[type] = kinds  # type: ignore[assignment]
-        self.capacity = max(int(rows), 1)
+        self.capacity = min(max(int(rows), 1), FIRST_CAPACITY)
         self.values = [np.empty(self.capacity, kind) for kind in self.kinds]
         self.valid: list[np.ndarray | None] = [None] * len(self.columns)
         self.rows = 0
