@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from conftest import gtid, make_nsys_sqlite
@@ -436,6 +437,19 @@ def _brute_force_parents(rows: list[tuple[int, int, int]]) -> dict[int, int | No
             (j for j in reversed(order[:pos]) if rows[j][2] == t and rows[j][1] >= e), None
         )
     return parents
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 12), max_size=70))
+def test_previous_at_least_matches_brute_force(values: list[int]) -> None:
+    """The nearest earlier position holding a value at least as large (the parent search of
+    the NVTX nesting), against a scan back from every position."""
+    from nsysan.load.adapters_nvtx import _previous_at_least
+
+    want = [next((j for j in range(i - 1, -1, -1) if values[j] >= v), -1)
+            for i, v in enumerate(values)]
+    got = _previous_at_least(np.array(values, dtype=np.int64))
+    assert got.tolist() == want
 
 
 @settings(max_examples=60, deadline=None)
