@@ -377,6 +377,11 @@ def test_nvtx_session_end_without_analysis_details(tmp_path: Path) -> None:
     rows = [_ev(10, None), _ev(20, 70)]
     nv = _trace(tmp_path, {"NVTX_EVENTS": rows}, duration=None).nvtx
     assert nv.select("end_ns", "unterminated").rows() == [(70, True), (70, True)]
+    # rows that are not events (a domain created late) count towards that end too
+    rows.append(_ev(90, None, 75, domainId=1, text="late"))
+    (tmp_path / "late").mkdir()
+    nv = _trace(tmp_path / "late", {"NVTX_EVENTS": rows}, duration=None).nvtx
+    assert nv.select("end_ns", "unterminated").rows() == [(90, True), (70, False)]
 
 
 NESTING = {

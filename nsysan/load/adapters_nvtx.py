@@ -101,6 +101,12 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         schema={"eventType": pl.Int64, "style": schemas.NVTX_STYLE},
     )
     ev = raw.join(styles, on="eventType", how="inner", maintain_order="left")
+    duration = adapter.duration_ns
+    # the other rows' times, for a session end taken from the data (below); the table as
+    # read is freed here, not held through the whole build (~120 bytes per event)
+    others = (raw.join(styles, on="eventType", how="anti").select("start", "end")
+              if duration is None else None)
+    del raw, blobs
     # The data-quality rules (nsysan.load.quality) on the events: a range whose end is before
     # its start, or a timestamp outside the session, would otherwise break the nesting of
     # every later range of its thread; exact copies (a table written twice) are one range.
@@ -115,12 +121,10 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
     ev = adapter.resolve(ev, "jsonTextId", "json_value")
     ev = ev.join(domains, on=["pid", "domainId"], how="left", maintain_order="left")
 
-    duration = adapter.duration_ns
     if duration is None:
         # no ANALYSIS_DETAILS (2020.x exports): the last NVTX timestamp is the best session end
         # (of the other rows and of the events the data-quality rules kept)
-        kept = pl.concat([raw.join(styles, on="eventType", how="anti").select("start", "end"),
-                          ev.select("start", "end")])
+        kept = pl.concat([others, ev.select("start", "end")])
         sane = [pl.col(c).filter(pl.col(c).abs() < ABSURD_NS).max() for c in ("start", "end")]
         last = kept.select(pl.max_horizontal(sane)).item()
         duration = int(last) if last is not None else 0
