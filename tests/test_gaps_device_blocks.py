@@ -92,35 +92,36 @@ def test_gaps_between_is_the_complement() -> None:
 
 def test_stream_and_unions_are_shared_within_an_analysis_per_frame() -> None:
     tr = AnalysisContext(_trace([(0, 1, 5, "compute"), (0, 7, 9, "nccl")]))
-    first = device_blocks.union(tr)
-    assert device_blocks.union(tr) is first
+    first, first_blocks = device_blocks.union(tr), device_blocks.blocks(tr)
+    assert device_blocks.blocks(tr) is first_blocks  # (its frame is built at each call)
+    assert device_blocks.union(tr).equals(first)
     # a replaced gpu_ops frame is never served the old union
     tr2 = AnalysisContext(Trace.from_frames("t", {"gpu_ops": pl.DataFrame(
         [(0, 1, 3, "compute")], schema=SCHEMA, orient="row")}))
     assert device_blocks.union(tr2)["end_ns"].to_list() == [3]
     tr.close()
-    again = device_blocks.union(tr)
-    assert again is not first and again.equals(first)
+    again = device_blocks.blocks(tr)
+    assert again is not first_blocks and again.frame().equals(first)
     # a plain trace keeps nothing: the same union every time, built each time
     plain = tr.base
-    assert device_blocks.union(plain) is not device_blocks.union(plain)
+    assert device_blocks.blocks(plain) is not device_blocks.blocks(plain)
     assert device_blocks.union(plain).equals(first)
 
 
 def test_a_union_already_made_is_found_without_a_pass_over_the_ops(monkeypatch) -> None:
     tr = AnalysisContext(_trace([(0, 1, 5, "compute"), (0, 0, 9, "nccl"), (1, 2, 4, None)]))
-    compute = device_blocks.union(tr, ["compute"], True)
-    untimed_nccl = device_blocks.union(tr, ["nccl"], False)
+    compute = device_blocks.blocks(tr, ["compute"], True)
+    untimed_nccl = device_blocks.blocks(tr, ["nccl"], False)
 
     def no_pass(*a, **k):
         raise AssertionError("a pass over the ops for a union already made")
 
     monkeypatch.setattr(device_blocks.np, "isin", no_pass)
     # no untimed compute op: the timed union, found from the op classes alone
-    assert device_blocks.union(tr, ["compute"], False) is compute
-    assert device_blocks.union(tr, ["compute"], True) is compute
-    assert device_blocks.union(tr, ["nccl"], False) is untimed_nccl
-    assert untimed_nccl["start_ns"].to_list() == [0]
+    assert device_blocks.blocks(tr, ["compute"], False) is compute
+    assert device_blocks.blocks(tr, ["compute"], True) is compute
+    assert device_blocks.blocks(tr, ["nccl"], False) is untimed_nccl
+    assert untimed_nccl.frame()["start_ns"].to_list() == [0]
 
 
 def test_a_value_asked_for_by_two_threads_at_once_is_built_once() -> None:

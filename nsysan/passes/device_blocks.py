@@ -98,14 +98,13 @@ class Blocks:
     bounds: np.ndarray
     start: pl.Series
     end: pl.Series
-    _frame: pl.DataFrame | None = None
 
     def frame(self) -> pl.DataFrame:
-        """``device_id, start_ns, end_ns``, as `intervals.union` gives."""
-        if self._frame is None:
-            run = np.repeat(np.arange(self.devices.len()), np.diff(self.bounds))
-            self._frame = pl.DataFrame([self.devices.gather(run), self.start, self.end])
-        return self._frame
+        """``device_id, start_ns, end_ns``, as `intervals.union` gives. Built at each call,
+        not kept with the blocks (which live until the reports are written): a device id
+        per block is 8 bytes per op, and the few callers each take it once."""
+        run = np.repeat(np.arange(self.devices.len()), np.diff(self.bounds))
+        return pl.DataFrame([self.devices.gather(run), self.start, self.end])
 
     def of(self, device: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Starts and ends of the blocks of ``device`` (empty when it has none)."""
