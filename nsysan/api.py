@@ -165,8 +165,10 @@ def _run_passes(
     nsys: str | None = None,
     findings: bool = True,
     hash_inputs: bool = False,
+    release_frames: bool = False,
 ) -> AnalysisResult:
-    """`analyze` up to the findings (prepared for, when ``findings``, but not drawn)."""
+    """`analyze` up to the findings (prepared for, when ``findings``, but not drawn).
+    ``release_frames``: `run_passes`'."""
     # (settings are checked before the trace is opened; passes that run by default only on
     # traces holding their input are added once it is)
     chosen = passes if passes is not None else registry.auto_passes(None, settings)
@@ -188,7 +190,8 @@ def _run_passes(
         # Imported while the frames load (the first pass waits for them anyway), not after
         # the passes: the import is ~0.05 s, a tenth of a small analysis.
         _findings_module()
-    results, pass_timings = run_passes(specs, trace, params, pass_workers(trace))
+    results, pass_timings = run_passes(specs, trace, params, pass_workers(trace),
+                                       release_frames=release_frames)
     trim()  # the passes' intermediates (`nsysan.frames.heap`)
     timings.update(pass_timings)
     return AnalysisResult(
@@ -367,7 +370,9 @@ def analyze_to_dir(
     # one context for the passes, the findings and the reports: freed once they are written
     with analysis_context(trace) as ctx:
         try:
-            result = _run_passes(ctx, findings=findings, **kwargs)
+            # the frames only the passes read are freed as soon as they are done (a caller
+            # that passed its own trace gets them built again if it asks)
+            result = _run_passes(ctx, findings=findings, release_frames=True, **kwargs)
         except BaseException:
             folder.abort()
             raise

@@ -178,3 +178,43 @@ def test_timeline_png_colours_host_lanes_by_layer(tmp_path: Path) -> None:
     without = np.asarray(Image.open(plots.timeline_png(plain, tmp_path / "p.png")))
     assert img.shape[0] == without.shape[0] + 18  # the layers' legend row
     assert (np.abs(without[..., :3].astype(int) - orange).sum(axis=2) == 0).sum() < 1000
+
+
+def test_analyze_to_dir_frees_the_host_frames_and_draws_the_same_lanes(tmp_path: Path) -> None:
+    """`nsysan analyze` releases ``sched`` and ``cpu_samples`` once the host pass is done (it
+    is their last reader); the timeline's host lanes come from what the pass shared, and
+    equal those built from the frames again (`bench/golden.py` checks the pictures byte for
+    byte)."""
+    from nsysan.load import open_trace
+    from nsysan.passes import host
+    from nsysan.report import plots
+
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    trace = open_trace(path, frame_cache=False)
+    result, out = api.analyze_to_dir(trace, tmp_path / "out")
+    assert {"sched", "cpu_samples"}.isdisjoint(trace._frames)
+    assert "gpu_ops" in trace._frames  # what the findings and pictures read stays
+    drawn = host.lane_threads(result.tables["host_threads"])
+    assert drawn.height >= 1
+    # built again from the frames (a plain trace keeps no product): the same lanes
+    again = host.lanes(result.trace, drawn)
+    assert {"sched", "cpu_samples"} <= set(trace._frames)
+    with api.analysis_context(trace) as ctx:
+        host.run(ctx, host.HostParams(), {"gaps": result.results["gaps"]})
+        assert "host.lanes" in ctx.products()  # shared by the pass, not built by the call
+        shared = host.lanes(ctx, drawn)
+    for a, b in zip(shared, again, strict=True):
+        assert a.equals(b) and a.height > 0
+    (tl,) = plots.device_timelines(result.trace, result.tables)
+    assert any(k.startswith("host ") for k in tl.lanes)
+    assert (out / "timeline_device0.png").is_file()
+
+
+def test_library_analyze_keeps_every_frame(tmp_path: Path) -> None:
+    """`api.analyze` (notebooks) releases nothing: the caller may read any frame after."""
+    from nsysan.load import open_trace
+
+    path, _ = hs.cpu_bound_input(tmp_path / "t.sqlite")
+    trace = open_trace(path, frame_cache=False)
+    api.analyze(trace)
+    assert {"sched", "cpu_samples"} <= set(trace._frames)

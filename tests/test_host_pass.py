@@ -209,3 +209,35 @@ def test_sqlite_and_parquetdir_give_the_same_host_frames(shared_traces: Path, st
     for frame in ("sched", "cpu_samples", "cpu_stacks"):
         assert a.frame(frame).equals(b.frame(frame)), frame
 
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_layer_counts_equal_a_group_by(monkeypatch: pytest.MonkeyPatch, dense: bool) -> None:
+    """Samples per (thread, step, layer), counted chunk by chunk into one dense array or by
+    hashing (too many keys), equal a plain group-by: the whole trace (step null) and each
+    step window [start, end) holding the sample's time."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 5_000
+    samples = pl.DataFrame({
+        "global_tid": rng.choice([11, 12, 40, 7], n),
+        "time_ns": np.sort(rng.integers(0, 10_000, n)),
+        "layer": pl.Series(rng.choice(list(host.ht.HOST_LAYERS), n)).cast(host.LAYER),
+    })
+    # windows with a gap between them and one ending before the next starts
+    steps = pl.DataFrame({"step": [3, 1, 2], "start_ns": [6_000, 1_000, 2_500],
+                          "end_ns": [9_000, 2_000, 5_000]})
+    monkeypatch.setattr(host, "COUNT_CHUNK", 777)
+    if not dense:
+        monkeypatch.setattr(host, "DENSE_KEYS", 0)
+    got = host._layer_counts(samples, steps)
+    whole = samples.group_by("global_tid", "layer").agg(n_samples=pl.len()).with_columns(
+        step=pl.lit(None, dtype=pl.Int64))
+    per_step = samples.join_where(steps, pl.col("time_ns") >= pl.col("start_ns"),
+                                  pl.col("time_ns") < pl.col("end_ns")).group_by(
+        "global_tid", "step", "layer").agg(n_samples=pl.len())
+    want = pl.concat([whole.select(got.columns), per_step.select(got.columns)])
+    keys = ["global_tid", "step", "layer"]
+    assert got.sort(keys).equals(want.cast({"n_samples": pl.Int64}).sort(keys))
+    assert got.filter(pl.col("step").is_null())["n_samples"].sum() == n

@@ -160,3 +160,34 @@ def test_an_interrupt_inside_a_pass_reaches_the_caller() -> None:
     for workers in (1, 2):
         with pytest.raises(KeyboardInterrupt):
             run_passes(specs, _trace(), _params(specs), workers)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_frames_are_released_after_their_last_reader_when_asked(workers: int) -> None:
+    built: list[str] = []
+    meta = TraceMeta(trace_id="t", path=Path("t"), source_path=Path("t"),
+                     source_format="sqlite", tables={"CUPTI_ACTIVITY_KIND_KERNEL": 10})
+    trace = Trace(meta, lambda name: built.append(name) or pl.DataFrame())
+    seen: dict[str, set[str]] = {}
+
+    def reads(name: str, frames: tuple[str, ...]):
+        def run(t, params, prior) -> PassResult:
+            for f in frames:
+                t.frame(f)
+            seen[name] = set(trace._frames)  # what is held when this pass ends
+            return PassResult()
+        return run
+
+    def spec(name, frames, releases, requires=()):
+        return PassSpec(name=name, description=name, params=_NoParams, tables={},
+                        run=reads(name, frames), requires=requires, releases=releases)
+
+    specs = [spec("a", ("sched",), ("sched",)),
+             spec("b", ("sched", "cpu_samples"), ("sched", "cpu_samples"), requires=("a",)),
+             spec("c", ("gpu_ops",), (), requires=("b",))]
+    run_passes(specs, trace, _params(specs), workers, release_frames=True)
+    assert {"sched", "cpu_samples"} <= seen["b"]  # "a" ended first: b still names sched
+    assert seen["c"] == {"gpu_ops"}  # released once b, their last reader, ended
+    assert set(trace._frames) == {"gpu_ops"} and built.count("sched") == 1
+    run_passes(specs, trace, _params(specs), workers)  # not asked: nothing is released
+    assert {"sched", "cpu_samples", "gpu_ops"} <= set(trace._frames)

@@ -31,7 +31,11 @@ class PassSpec:
     selected); ``default``: run by ``nsysan analyze`` when ``--passes`` is not given; ``auto``:
     a probe of the trace for a pass that is not a default one: it joins the default passes of
     a trace the probe finds its input in (or when ``--set`` configures it), so a trace without
-    that input keeps exactly the outputs it had before the pass existed.
+    that input keeps exactly the outputs it had before the pass existed. ``releases`` names
+    canonical frames that nothing reads after the passes (the findings and reports read the
+    pass tables and shared products): when the caller asks for it (`schedule.run_passes`),
+    they are released from the trace once this pass and every other selected pass naming
+    them have ended.
 
     A module of `nsysan.passes` that defines ``SPEC`` is a pass (`registry.registry`): adding
     a pass is adding its module.
@@ -46,3 +50,4 @@ class PassSpec:
     after: tuple[str, ...] = ()
     default: bool = False
     auto: Callable[[Any], bool] | None = None
+    releases: tuple[str, ...] = ()

@@ -51,6 +51,7 @@ import polars as pl
 from nsysan.errors import ConfigError
 from nsysan.frames import host_taxonomy as ht
 from nsysan.frames import schemas, schemas_host
+from nsysan.frames.context import Product, product, share
 from nsysan.frames.trace import Trace
 from nsysan.passes import host_gaps
 from nsysan.passes.base import PassResult, PassSpec, Results
@@ -84,6 +85,12 @@ HOW_TO_RECORD = "nsys profile --sample=cpu --cpuctxsw=process-tree"
 #: samples a thread needs before its top layer names its role (one stray sample in libmpi
 #: does not make a communication thread)
 COMMUNICATION_MIN_SAMPLES = 10
+#: `_layer_counts`: samples packed and counted at a time, and the most (thread, step, layer)
+#: keys it counts in one dense array (32 MB) rather than by hashing
+COUNT_CHUNK = 1 << 21
+DENSE_KEYS = 1 << 22
+#: launching threads the timeline draws a host lane for (most samples first)
+LANE_THREADS = 3
 
 
 @dataclass(frozen=True)
@@ -199,7 +206,9 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
              window: tuple[int, int], per_period: pl.DataFrame,
              counts: pl.DataFrame) -> pl.DataFrame:
     w0, w1 = window
-    s = sched.with_columns(
+    # (only the columns read: the sort below copies what it is given)
+    s = sched.select(
+        "global_tid", "start_ns", "cpu", "open_start",
         _s=pl.col("start_ns").clip(w0, w1), _e=pl.col("end_ns").clip(w0, w1),
     )
     sw = s.sort("global_tid", "start_ns").group_by("global_tid", maintain_order=True).agg(
@@ -254,27 +263,49 @@ def _threads(trace: Trace, sched: pl.DataFrame, samples: pl.DataFrame, launchers
 def _layer_counts(samples: pl.DataFrame, steps: pl.DataFrame | None) -> pl.DataFrame:
     """``global_tid, step, layer, n_samples``: samples per thread and layer over the whole
     trace (``step`` null) and, with steps known, per step (a sample counts in the step whose
-    window holds its time). One count of packed integer keys (thread, step, layer code)."""
+    window holds its time). A count of packed integer keys (thread, step, layer code), made
+    `COUNT_CHUNK` samples at a time into one array of every key when there are at most
+    `DENSE_KEYS` of them (the temporary keys of 11M samples, packed and counted at once,
+    were 0.65 GB), else by one hash count."""
     if samples.is_empty():
         return pl.DataFrame(schema={"global_tid": I64, "step": I64, "layer": LAYER,
                                     "n_samples": I64})
     threads = samples["global_tid"].unique().sort()
-    thread = np.searchsorted(threads.to_numpy(), samples["global_tid"].to_numpy())
-    code = samples["layer"].to_physical().to_numpy().astype(np.int64)
     n_layers = len(ht.HOST_LAYERS)
     win = (steps.select("step", "start_ns", "end_ns").sort("start_ns", maintain_order=True)
            if steps is not None else None)
     slots = 1 + (win.height if win is not None else 0)  # 0: the whole trace
-    keys = [thread * slots * n_layers + code]
-    if win is not None and win.height:
-        # the last window starting at or before the sample, if the sample is before its end
-        time = samples["time_ns"].to_numpy()
-        at = np.searchsorted(win["start_ns"].to_numpy(), time, side="right") - 1
-        inside = at >= 0
-        inside[inside] = time[inside] < win["end_ns"].to_numpy()[at[inside]]
-        keys.append((thread[inside] * slots + 1 + at[inside]) * n_layers + code[inside])
-    counted = pl.Series("key", np.concatenate(keys)).value_counts(name="n")
-    key = counted["key"].to_numpy()
+    tid = samples["global_tid"].to_numpy()
+    code = samples["layer"].to_physical().to_numpy()
+    time = samples["time_ns"].to_numpy()
+    bounds = ((win["start_ns"].to_numpy(), win["end_ns"].to_numpy())
+              if win is not None and win.height else None)
+
+    def keys(lo: int, hi: int) -> list[np.ndarray]:
+        thread = np.searchsorted(threads.to_numpy(), tid[lo:hi])
+        c = code[lo:hi].astype(np.int64)
+        out = [thread * slots * n_layers + c]
+        if bounds is not None:
+            # the last window starting at or before the sample, if the sample is before its end
+            t = time[lo:hi]
+            at = np.searchsorted(bounds[0], t, side="right") - 1
+            inside = at >= 0
+            inside[inside] = t[inside] < bounds[1][at[inside]]
+            out.append((thread[inside] * slots + 1 + at[inside]) * n_layers + c[inside])
+        return out
+
+    size = threads.len() * slots * n_layers
+    if size <= DENSE_KEYS and not threads.has_nulls():
+        dense = np.zeros(size, np.int64)
+        for lo in range(0, samples.height, COUNT_CHUNK):
+            for k in keys(lo, min(lo + COUNT_CHUNK, samples.height)):
+                dense += np.bincount(k, minlength=size)
+        key = np.flatnonzero(dense)
+        n = pl.Series("n", dense[key])
+    else:
+        counted = pl.Series("key", np.concatenate(keys(0, samples.height))).value_counts(
+            name="n").sort("key")
+        key, n = counted["key"].to_numpy(), counted["n"]
     slot = (key // n_layers) % slots
     step_of = (pl.Series([None], dtype=I64).append(win["step"].cast(I64))
                if win is not None else pl.Series([None], dtype=I64))
@@ -282,7 +313,7 @@ def _layer_counts(samples: pl.DataFrame, steps: pl.DataFrame | None) -> pl.DataF
         "global_tid": threads.gather(key // n_layers // slots),
         "step": step_of.gather(slot),
         "layer": pl.Series(ht.HOST_LAYERS, dtype=LAYER).gather(key % n_layers),
-        "n_samples": counted["n"].cast(I64),
+        "n_samples": n.cast(I64),
     })
 
 
@@ -297,6 +328,50 @@ def _layers(trace: Trace, counts: pl.DataFrame, period: int | None) -> pl.DataFr
     order = pl.col("layer").to_physical()  # `HOST_LAYERS` order
     return (df.sort("pid", "tid", "global_tid", "step", order, nulls_last=False)
             .select(HOST_LAYERS.names()).cast(dict(HOST_LAYERS)))
+
+
+def lane_threads(threads: pl.DataFrame) -> pl.DataFrame:
+    """The ``host_threads`` rows of the launching threads the timeline draws: those with
+    context switches, most samples first (ties: thread id), at most `LANE_THREADS`."""
+    return (threads.filter((pl.col("role") == "launcher") & pl.col("on_cpu_ns").is_not_null())
+            .sort(["n_samples", "global_tid"], descending=[True, False])
+            .head(LANE_THREADS))
+
+
+def _lanes_of(sched: pl.DataFrame, samples: pl.DataFrame,
+              drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    tids = drawn["global_tid"].implode()
+    on_cpu = (sched.filter(pl.col("global_tid").is_in(tids))
+              .select("global_tid", "start_ns", "end_ns").sort("global_tid", "start_ns"))
+    layered = samples.filter(pl.col("global_tid").is_in(tids)).select(
+        "global_tid", "time_ns", code=pl.col("layer").to_physical())
+    return on_cpu, layered
+
+
+def _build_lanes(trace: Trace, drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    has_sched, has_samples = captured(trace)
+    sched = trace.frame("sched") if has_sched else schemas.empty(schemas_host.SCHED)
+    if not has_samples:
+        return _lanes_of(sched, pl.DataFrame(schema={"global_tid": I64, "time_ns": I64,
+                                                     "layer": LAYER}), drawn)
+    tids = drawn["global_tid"].implode()
+    raw = trace.frame("cpu_samples").filter(pl.col("global_tid").is_in(tids))
+    return _lanes_of(sched, sample_layers(trace, raw), drawn)
+
+
+#: The evidence of the timeline's host lanes: for the threads of ``drawn`` (`lane_threads`,
+#: ``global_tid``), their on-CPU intervals (``global_tid, start_ns, end_ns``, per thread in
+#: time order) and their samples with their layer (``global_tid, time_ns, code``: the
+#: `HOST_LAYERS` index). The host pass shares it, so that its frames (``sched``,
+#: ``cpu_samples``: `SPEC.releases`) can be freed once it ends; it names no frames, which
+#: would make every lookup build them again (a picture drawn without the pass builds it).
+LANES = Product("host.lanes", (), _build_lanes,
+                "on-CPU intervals and layered samples of the threads drawn as host lanes")
+
+
+def lanes(trace: Trace, drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`LANES` of the threads ``drawn`` (`lane_threads` of the ``host_threads`` table)."""
+    return product(trace, LANES, drawn.select("global_tid"))
 
 
 def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
@@ -315,6 +390,8 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
                  else pl.Series("global_tid", [], dtype=I64))
     counts = _layer_counts(samples, step_windows(results))
     threads = _threads(trace, sched, samples, launchers, window, per_period, counts)
+    drawn = lane_threads(threads).select("global_tid")
+    share(trace, LANES, _lanes_of(sched, samples, drawn), drawn)
     layers = _layers(trace, counts, period)
     rule = host_gaps.deschedule_rule(trace, sched)
     cpus, over = oversubscribed(sched, runnable_off_cpu(sched, rule))
@@ -347,4 +424,6 @@ SPEC = PassSpec(
     requires=("gaps",),
     after=("steps",),
     default=True,
+    # nothing after the passes reads them (the pictures' host lanes come from `LANES`)
+    releases=("sched", "cpu_samples"),
 )

@@ -87,6 +87,8 @@ def run_passes(
     trace: Trace,
     params: Mapping[str, Any],
     workers: int = 1,
+    *,
+    release_frames: bool = False,
 ) -> tuple[dict[str, PassResult], dict[str, float]]:
     """Run ``specs`` (in dependency order, as `registry.resolve` gives them) on ``trace``.
 
@@ -98,14 +100,37 @@ def run_passes(
     further pass starts; once the running ones are done, the error of the earliest failed
     pass in spec order is raised (the same error as a serial run, when passes fail alone).
     The passes share products through the `analysis_context` of ``trace`` (the caller's, when
-    ``trace`` is one; else one that ends with the passes).
+    ``trace`` is one; else one that ends with the passes). With ``release_frames``, the
+    frames a pass ``releases`` are released from the trace once the last selected pass
+    naming them has ended (`_Releases`): for callers that read nothing but the results and
+    the shared products afterwards (``nsysan analyze``, which frees gigabytes of host frames
+    of a big trace before the findings and pictures).
     """
     with analysis_context(trace) as ctx:
-        return _run(specs, ctx, params, workers)
+        releases = _Releases(specs, ctx) if release_frames else None
+        return _run(specs, ctx, params, workers, releases)
+
+
+class _Releases:
+    """Which frames to release from ``trace`` when each pass of ``specs`` ends."""
+
+    def __init__(self, specs: Sequence[PassSpec], trace: Trace):
+        self.trace = trace
+        self.readers: dict[str, int] = {}
+        for spec in specs:
+            for frame in spec.releases:
+                self.readers[frame] = self.readers.get(frame, 0) + 1
+
+    def ended(self, spec: PassSpec) -> None:
+        for frame in spec.releases:
+            self.readers[frame] -= 1
+            if self.readers[frame] == 0:
+                self.trace.release([frame])
 
 
 def _run(
     specs: Sequence[PassSpec], trace: AnalysisContext, params: Mapping[str, Any], workers: int,
+    releases: _Releases | None = None,
 ) -> tuple[dict[str, PassResult], dict[str, float]]:
     chosen = {s.name for s in specs}
     needs = {s.name: {d for d in (*s.requires, *s.after) if d in chosen} for s in specs}
@@ -117,13 +142,15 @@ def _run(
             prior = {d: results[d] for d in needs[spec.name]}
             results[spec.name] = spec.run(trace, params[spec.name], prior)
             timings[spec.name] = time.perf_counter() - t
+            if releases is not None:
+                releases.ended(spec)
         return results, timings
-    return _concurrent(specs, trace, params, needs, workers)
+    return _concurrent(specs, trace, params, needs, workers, releases)
 
 
 def _concurrent(
     specs: Sequence[PassSpec], trace: Trace, params: Mapping[str, Any],
-    needs: Mapping[str, set[str]], workers: int,
+    needs: Mapping[str, set[str]], workers: int, releases: _Releases | None = None,
 ) -> tuple[dict[str, PassResult], dict[str, float]]:
     done: dict[str, PassResult] = {}
     timings: dict[str, float] = {}
@@ -155,6 +182,9 @@ def _concurrent(
                     done[spec.name], timings[spec.name] = future.result()
                 except BaseException as exc:  # raised once the running passes are done
                     failed[specs.index(spec)] = exc
+                else:
+                    if releases is not None:
+                        releases.ended(spec)
     finally:
         # Normally every pass is done here; on Ctrl-C, do not wait for those still running.
         pool.shutdown(wait=False, cancel_futures=True)

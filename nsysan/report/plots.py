@@ -172,7 +172,6 @@ def binned_timelines(trace: Trace, tables: dict[str, pl.DataFrame],
     return out
 
 
-MAX_HOST_LANES = 3  # launching threads drawn (most samples first)
 _LAYER_ABBR = {"runtime_driver": "drv", "data_pipeline": "data", "framework": "fw",
                "communication": "comm", "operator_library": "ops", "os": "os",
                "profiler": "prof", "unknown": "?"}
@@ -204,42 +203,27 @@ _HOST_LAYER_COLORS = {
 
 
 def _host_lanes(trace: Trace, tables: dict[str, pl.DataFrame]) -> list[_HostLane]:
-    """One lane per launching thread (host pass; at most `MAX_HOST_LANES`, most samples
-    first), labelled with its thread id and the layer most of its samples are in
-    (abbreviated). Read once, binned per device and bin count."""
+    """One lane per launching thread (`host.lane_threads`), labelled with its thread id and
+    the layer most of its samples are in (abbreviated). Read once, binned per device and bin
+    count."""
+    from nsysan.passes import host
+
     threads = tables.get("host_threads")
     if threads is None or threads.is_empty() or not trace.meta.tables.has_rows("SCHED_EVENTS"):
         return []
-    launchers = (threads.filter((pl.col("role") == "launcher") & pl.col("on_cpu_ns").is_not_null())
-                 .sort(["n_samples", "global_tid"], descending=[True, False])
-                 .head(MAX_HOST_LANES))
-    if launchers.is_empty():
+    drawn = host.lane_threads(threads)
+    if drawn.is_empty():
         return []
-    tids = launchers["global_tid"].implode()
-    sched = trace.frame("sched").filter(pl.col("global_tid").is_in(tids)).sort("start_ns")
-    samples = _launcher_samples(trace, tids)
+    on_cpu, samples = host.lanes(trace, drawn)
     out = []
-    for r in launchers.iter_rows(named=True):  # at most MAX_HOST_LANES
-        on = sched.filter(pl.col("global_tid") == r["global_tid"])
+    for r in drawn.iter_rows(named=True):  # at most `host.LANE_THREADS`
+        on = on_cpu.filter(pl.col("global_tid") == r["global_tid"])
         mine = samples.filter(pl.col("global_tid") == r["global_tid"])
         # short: the lane labels share a narrow margin ("host 4242 drv": tid, top layer)
         label = f"host {r['tid']} {_LAYER_ABBR.get(r['top_layer'] or '', '')}".strip()
         out.append(_HostLane(label, on["start_ns"].to_numpy(), on["end_ns"].to_numpy(),
                              mine["time_ns"].to_numpy(), mine["code"].to_numpy()))
     return out
-
-
-def _launcher_samples(trace: Trace, tids: pl.Series) -> pl.DataFrame:
-    """The CPU samples of the threads ``tids`` with the host pass' layer of each
-    (`host.sample_layers`: the same rules as the tables), as `HOST_LAYERS` indexes."""
-    from nsysan.passes import host
-
-    if not host.captured(trace)[1]:
-        return pl.DataFrame(schema={"global_tid": pl.Int64, "time_ns": pl.Int64,
-                                    "code": pl.UInt8})
-    raw = trace.frame("cpu_samples").filter(pl.col("global_tid").is_in(tids))
-    return host.sample_layers(trace, raw).select(
-        "global_tid", "time_ns", code=pl.col("layer").to_physical())
 
 
 def _bin_layers(t: np.ndarray, layer: np.ndarray, edges: np.ndarray) -> np.ndarray:
