@@ -40,9 +40,26 @@ def _oracle(group: np.ndarray, df: pl.DataFrame, n: int) -> np.ndarray:
 
 
 @settings(max_examples=200, deadline=None)
-@given(members_st, st.sampled_from([1, 1000, 1 << 55]))
-def test_union_busies_equals_the_union_per_group_and_device(rows, scale):
+@given(members_st, st.sampled_from([1, 1000, 1 << 55]), st.sampled_from([None, 1, 4]),
+       st.booleans())
+def test_union_busies_equals_the_union_per_group_and_device(rows, scale, chunk, in_order):
+    """Also with the groups summed a few rows at a time (``chunk``: `UNION_CHUNK`), over
+    rows in group order (memberships: slices) or not (selected by mask)."""
+    if in_order:
+        rows = sorted(rows, key=lambda r: r[0])
     group, df = _members(rows, scale)
+    if chunk is not None:
+        old = sums.UNION_CHUNK
+        sums.UNION_CHUNK = chunk
+        try:
+            _check_union_busies(group, df)
+        finally:
+            sums.UNION_CHUNK = old
+    else:
+        _check_union_busies(group, df)
+
+
+def _check_union_busies(group: np.ndarray, df: pl.DataFrame) -> None:
     assert sums.union_busies(df, [(group, 6)])[0].tolist() == _oracle(group, df, 6).tolist()
     both = sums.union_busies(df, [(group, 6), (group % 2, 2)])
     assert [b.tolist() for b in both] == [_oracle(group, df, 6).tolist(),

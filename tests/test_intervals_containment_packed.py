@@ -75,3 +75,33 @@ def test_the_rank_fallback_is_taken_and_exact():
     assert keys.span < SCALE  # times were replaced by their ranks
     got = cn.enclosing(q, r, by=["key"]).collect()
     assert set(got.select("query_id", "range_id").iter_rows()) == {(0, 0), (0, 1), (1, 2)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(nested_case(), arbitrary_case()), st.sampled_from([1, 2, 5]))
+def test_enclosing_expands_pairs_chunk_by_chunk_to_the_same_rows(case, chunk):
+    """Candidate pairs expanded a few at a time (`PAIR_CHUNK`) give the same pairs, in the
+    same order, as one expansion of all of them."""
+    queries, ranges = case
+    q, r = frames(queries, ranges)
+    whole = cn.enclosing(q, r, by=["key"]).collect()
+    old = cn.PAIR_CHUNK
+    cn.PAIR_CHUNK = chunk
+    try:
+        chunked = cn.enclosing(q, r, by=["key"]).collect()
+    finally:
+        cn.PAIR_CHUNK = old
+    assert chunked.equals(whole)
+    assert set(chunked.select("query_id", "range_id").iter_rows()) == brute_pairs(queries, ranges)
+
+
+def test_enclosing_without_the_key_columns_lists_the_same_pairs():
+    q = pl.DataFrame({"key": [1, 1, 2], "query_id": [10, 11, 12], "start_ns": [5, 7, 5],
+                      "end_ns": [6, 9, 6]})
+    r = pl.DataFrame({"key": [1, 2, 2], "range_id": [0, 1, 2], "start_ns": [0, 0, 6],
+                      "end_ns": [8, 10, 7]})
+    full = cn.enclosing(q, r, by=["key"]).collect()
+    bare = cn.enclosing(q, r, by=["key"], keep_by=False).collect()
+    assert bare.columns == ["query_id", "range_id"]
+    assert bare.equals(full.drop("key"))
+    assert set(bare.iter_rows()) == {(10, 0), (12, 1)}

@@ -35,7 +35,12 @@ def sort_order(keys: np.ndarray) -> np.ndarray:
     n = len(keys)
     bits = max(n - 1, 1).bit_length()
     if n and int(keys.max()) < 1 << (62 - bits):
-        return np.sort(keys << bits | np.arange(n)) & ((1 << bits) - 1)
+        # (in place: one array of n beside ``keys``, not four)
+        packed = keys << bits
+        packed |= np.arange(n)
+        packed.sort()
+        packed &= (1 << bits) - 1
+        return packed
     return np.argsort(keys, kind="stable")
 
 

@@ -316,12 +316,13 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # intermediate is dropped after its last use, so that they are never all alive at once.
     del ops
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
+    # (launch_id and rix are unique across threads: the pairs need no thread column, and
+    # the innermost range below no ``by``)
     pairs = cn.enclosing(
-        launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix"
+        launches, rng, by=["global_tid"], query_id="launch_id", range_id="rix", keep_by=False
     ).collect()
     del launches
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
-    # (launch_id and rix are unique across threads: no ``by`` needed.)
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
     owned = _owned(op_launch, inner.collect(), trace.cuda_api.height)
     del inner

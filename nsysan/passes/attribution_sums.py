@@ -8,7 +8,7 @@ the results back on the ranges (the attribution table is in ``rix`` order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -62,13 +62,20 @@ def distinct_counts(group: np.ndarray, item: np.ndarray, n_groups: int) -> np.nd
     return np.bincount(pair[first] // span, minlength=n_groups).astype(np.int64)
 
 
+#: `union_busies` works on the rows of at most this many members at a time (whole groups:
+#: a group with more rows is taken alone): its packed keys, sorted copies and blocks are six
+#: Int64 arrays of that many rows, not of every membership (25M on a 10M-kernel trace)
+UNION_CHUNK = 1 << 22
+
+
 def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, int]],
                  ) -> list[np.ndarray]:
     """Per grouping (``group, n_groups``: a group in ``[0, n_groups)`` of every row of
     ``members``, e.g. per range and per layer), per group: the union of its intervals
     (``members``' rows: ``device_id, start_ns, end_ns``, ``device_id`` non-null) per device,
     summed over devices (what `intervals.total` by ``[group, device_id]`` then a sum per group
-    gives). The rows, devices and times are read once for all groupings."""
+    gives). The rows, devices and times are read once for all groupings; groups are summed
+    apart, a few at a time (`UNION_CHUNK`)."""
     ok = (members["end_ns"] > members["start_ns"]).fill_null(False)
     every = bool(ok.all())
     x = (members if every else members.filter(ok)).select("device_id", "start_ns", "end_ns")
@@ -79,24 +86,58 @@ def union_busies(members: pl.DataFrame, groupings: Sequence[tuple[np.ndarray, in
     start, end = x["start_ns"].to_numpy(), x["end_ns"].to_numpy()
     out = []
     for group, n_groups in groupings:  # per grouping, not per row
-        code = (group if keep is None else group[keep]).astype(np.int64)
-        if device is not None:
-            code = code * n_dev + device
-        packed = _pack(code, n_groups * n_dev, start, end)
-        if packed is None:  # times too far apart to pack next to the codes: the general keys
-            out.append(_union_busy_keys(code, x, n_dev, n_groups))
-            continue
-        starts, ends, span = packed
-        # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
-        bs, be = iv.merge_sorted(sorted_values(starts), sorted_values(ends))
-        # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
-        # difference of running sums at the run's bounds, found by a binary search per
-        # group (no division or scatter per block).
-        total = np.zeros(len(bs) + 1, np.int64)
-        np.cumsum(be - bs, out=total[1:])
-        bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
-        out.append(total[bounds[1:]] - total[bounds[:-1]])
+        g = group if keep is None else group[keep]
+        busy = np.zeros(n_groups, np.int64)
+        for rows, lo, hi in _group_chunks(g, n_groups):
+            code = g[rows].astype(np.int64) - lo
+            if device is not None:
+                code = code * n_dev + device[rows]
+            busy[lo:hi] = _busy(code, hi - lo, n_dev, start[rows], end[rows],
+                                lambda rows=rows: x[rows])
+        out.append(busy)
     return out
+
+
+def _group_chunks(group: np.ndarray, n_groups: int,
+                  ) -> list[tuple[slice | np.ndarray, int, int]]:
+    """(rows, first group, end group): the rows of ``group`` whose group is in [first, end),
+    for consecutive runs of groups of about `UNION_CHUNK` rows each (a slice when the rows
+    come in group order, as memberships do)."""
+    if len(group) <= UNION_CHUNK:
+        return [(slice(None), 0, n_groups)]
+    upto = np.cumsum(np.bincount(group, minlength=n_groups))  # rows of groups <= i
+    ordered = bool(np.all(group[1:] >= group[:-1]))
+    chunks: list[tuple[slice | np.ndarray, int, int]] = []
+    lo = 0
+    while lo < n_groups:
+        first = int(upto[lo - 1]) if lo else 0
+        hi = max(int(np.searchsorted(upto, first + UNION_CHUNK, side="right")), lo + 1)
+        hi = min(hi, n_groups)
+        rows = (slice(first, int(upto[hi - 1])) if ordered
+                else np.flatnonzero((group >= lo) & (group < hi)))
+        chunks.append((rows, lo, hi))
+        lo = hi
+    return chunks
+
+
+def _busy(code: np.ndarray, n_groups: int, n_dev: int, start: np.ndarray, end: np.ndarray,
+          rows_frame: Callable[[], pl.DataFrame]) -> np.ndarray:
+    """Busy time per group in [0, ``n_groups``) of the rows given: ``code`` = group * n_dev +
+    device, their bounds; ``rows_frame`` gives them as a frame for the general keys."""
+    packed = _pack(code, n_groups * n_dev, start, end)
+    if packed is None:  # times too far apart to pack next to the codes: the general keys
+        return _union_busy_keys(code, rows_frame(), n_dev, n_groups)
+    starts, ends, span = packed
+    # The union's blocks of every (group, device) code, as in `intervals.packed_blocks`.
+    bs, be = iv.merge_sorted(sorted_values(starts), sorted_values(ends))
+    del starts, ends
+    # Blocks come sorted by code, so a group's blocks are one run: its busy time is a
+    # difference of running sums at the run's bounds, found by a binary search per group
+    # (no division or scatter per block).
+    total = np.zeros(len(bs) + 1, np.int64)
+    np.cumsum(be - bs, out=total[1:])
+    bounds = np.searchsorted(bs, np.arange(n_groups + 1, dtype=np.int64) * (span * n_dev))
+    return total[bounds[1:]] - total[bounds[:-1]]
 
 
 def _pack(code: np.ndarray, n_codes: int, start: np.ndarray, end: np.ndarray,
