@@ -205,3 +205,18 @@ def test_interval_events_equal_the_concatenated_sort(seed: int) -> None:
     expected = np.sort(values)
     assert sweeps.sort_in_place(values) is values
     np.testing.assert_array_equal(values, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=30), st.integers(1, 12))
+def test_runs_within_cover_every_item_once_within_the_limit(counts, limit):
+    runs = sweeps.runs_within(np.cumsum(np.array(counts, np.int64)), limit)
+    # consecutive, from the first item to the last
+    assert [a for a, _ in runs] == ([0, *(b for _, b in runs[:-1])] if counts else [])
+    assert (runs[-1][1] if runs else 0) == len(counts)
+    for a, b in runs:
+        assert b > a
+        # within the limit, or one item too big alone; and as long as the limit allows
+        assert sum(counts[a:b]) <= limit or b == a + 1
+        if b < len(counts):
+            assert sum(counts[a:b + 1]) > limit

@@ -13,7 +13,7 @@ import polars as pl
 
 from nsysan.frames.intervals import END, START
 from nsysan.frames.packed_keys import LIMIT, Keys
-from nsysan.frames.sweeps import interval_events, sort_order
+from nsysan.frames.sweeps import interval_events, runs_within, sort_order
 
 # ---------------------------------------------------------------------------------------------
 # Containment: which ranges enclose which intervals (NVTX ranges around CUDA API calls)
@@ -94,11 +94,7 @@ def _pairs_inside(order: np.ndarray, lo: np.ndarray, n: np.ndarray, q_end: np.nd
     inside it. In range order, then sorted-query order, whatever the chunking."""
     kept_q: list[np.ndarray] = []
     kept_r: list[np.ndarray] = []
-    ends = np.cumsum(n)  # candidates up to and including each range
-    a = 0
-    while a < len(n):
-        done = int(ends[a - 1]) if a else 0
-        b = max(int(np.searchsorted(ends, done + PAIR_CHUNK, side="right")), a + 1)
+    for a, b in runs_within(np.cumsum(n), PAIR_CHUNK):
         n_c = n[a:b]
         # Every (range, query of its block) pair: row k of a block is its first row plus k.
         r_rows = np.repeat(np.arange(a, b), n_c)
@@ -108,7 +104,6 @@ def _pairs_inside(order: np.ndarray, lo: np.ndarray, n: np.ndarray, q_end: np.nd
         inside = q_end[q_rows] <= r_end[r_rows]
         kept_q.append(q_rows[inside])
         kept_r.append(r_rows[inside])
-        a = b
     if not kept_q:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if len(kept_q) == 1:

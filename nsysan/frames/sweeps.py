@@ -44,6 +44,21 @@ def sort_order(keys: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
+def runs_within(upto: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[a, b)`` of items covering all of them, each holding at most
+    ``limit`` rows unless one item alone holds more (it is then a run of its own); ``upto``
+    is the running count of rows up to and including each item (``np.cumsum`` of the
+    counts). For work done a few whole groups at a time in bounded memory."""
+    runs = []
+    a = 0
+    while a < len(upto):
+        before = int(upto[a - 1]) if a else 0
+        b = max(int(np.searchsorted(upto, before + limit, side="right")), a + 1)
+        runs.append((a, b))
+        a = b
+    return runs
+
+
 def sorted_values(values: np.ndarray) -> np.ndarray:
     """``np.sort(values)`` (`sort_in_place` of a copy)."""
     return sort_in_place(values.copy())

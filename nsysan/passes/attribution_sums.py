@@ -15,7 +15,7 @@ import polars as pl
 
 from nsysan.frames import intervals as iv
 from nsysan.frames.packed_keys import GROUP, LIMIT, Keys
-from nsysan.frames.sweeps import member_codes, sorted_values
+from nsysan.frames.sweeps import member_codes, runs_within, sorted_values
 
 _MAX = np.iinfo(np.int64).max
 _MIN = np.iinfo(np.int64).min
@@ -107,17 +107,9 @@ def _group_chunks(group: np.ndarray, n_groups: int,
         return [(slice(None), 0, n_groups)]
     upto = np.cumsum(np.bincount(group, minlength=n_groups))  # rows of groups <= i
     ordered = bool(np.all(group[1:] >= group[:-1]))
-    chunks: list[tuple[slice | np.ndarray, int, int]] = []
-    lo = 0
-    while lo < n_groups:
-        first = int(upto[lo - 1]) if lo else 0
-        hi = max(int(np.searchsorted(upto, first + UNION_CHUNK, side="right")), lo + 1)
-        hi = min(hi, n_groups)
-        rows = (slice(first, int(upto[hi - 1])) if ordered
-                else np.flatnonzero((group >= lo) & (group < hi)))
-        chunks.append((rows, lo, hi))
-        lo = hi
-    return chunks
+    return [((slice(int(upto[lo - 1]) if lo else 0, int(upto[hi - 1])) if ordered
+              else np.flatnonzero((group >= lo) & (group < hi))), lo, hi)
+            for lo, hi in runs_within(upto, UNION_CHUNK)]
 
 
 def _busy(code: np.ndarray, n_groups: int, n_dev: int, start: np.ndarray, end: np.ndarray,

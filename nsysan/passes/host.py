@@ -281,8 +281,10 @@ def _layer_counts(samples: pl.DataFrame, steps: pl.DataFrame | None) -> pl.DataF
     bounds = ((win["start_ns"].to_numpy(), win["end_ns"].to_numpy())
               if win is not None and win.height else None)
 
+    ids = threads.to_numpy()
+
     def keys(lo: int, hi: int) -> list[np.ndarray]:
-        thread = np.searchsorted(threads.to_numpy(), tid[lo:hi])
+        thread = np.searchsorted(ids, tid[lo:hi])
         c = code[lo:hi].astype(np.int64)
         out = [thread * slots * n_layers + c]
         if bounds is not None:
