@@ -17,6 +17,7 @@ from nsysan.frames.trace import Trace, TraceMeta
 from nsysan.load import open_trace
 from nsysan.passes import schedule
 from nsysan.passes.base import PassResult, PassSpec
+from nsysan.passes.registry import resolve
 from nsysan.passes.schedule import pass_workers, run_passes
 from nsysan.testing.scenarios import build
 
@@ -191,3 +192,34 @@ def test_frames_are_released_after_their_last_reader_when_asked(workers: int) ->
     assert set(trace._frames) == {"gpu_ops"} and built.count("sched") == 1
     run_passes(specs, trace, _params(specs), workers)  # not asked: nothing is released
     assert {"sched", "cpu_samples", "gpu_ops"} <= set(trace._frames)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_passes_that_release_frames_start_as_early_as_their_dependencies_allow(
+    workers: int,
+) -> None:
+    log: list[tuple[str, str, frozenset[str]]] = []
+    make = _recording(log)
+    specs = [_spec("steps", make("steps")),
+             _spec("gaps", make("gaps"), after=("steps",)),
+             _spec("overlap", make("overlap"), after=("steps",)),
+             _spec("attribution", make("attribution")),
+             PassSpec(name="host", description="host", params=_NoParams, tables={},
+                      run=make("host"), requires=("gaps",), after=("steps",),
+                      releases=("sched",))]
+    assert [s.name for s in schedule.run_order(specs)] == [
+        "steps", "gaps", "host", "overlap", "attribution"]
+    res, timings = run_passes(specs, _trace(), _params(specs), workers, release_frames=True)
+    assert list(res) == list(timings) == [s.name for s in specs]  # listed in spec order
+    started = [name for event, name, _ in log if event == "start"]
+    if workers == 1:
+        assert started == ["steps", "gaps", "host", "overlap", "attribution"]
+    else:  # which of the ready passes start together depends on timing
+        assert sorted(started) == sorted(s.name for s in specs)
+
+
+def test_the_host_pass_frees_its_frames_before_the_other_default_passes_run() -> None:
+    order = [s.name for s in schedule.run_order(resolve(None))]
+    assert order.index("host") < min(order.index(p) for p in ("overlap", "attribution",
+                                                                "kernels", "nccl"))
+    assert order[:order.index("host")] == ["steps", "gaps"]
