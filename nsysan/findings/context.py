@@ -287,7 +287,8 @@ class Context:
                 .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
         return (tagged.with_columns(api_end.alias("_api_end"),
                                     startup.is_startup(self.startup_calls, tagged))
-                .select(["device_id", "start_ns", "end_ns", "duration_ns", kind.alias("kind")]))
+                .select([pl.col("device_id").cast(pl.Int64),  # as in the gaps table
+                         "start_ns", "end_ns", "duration_ns", kind.alias("kind")]))
 
     def _launch_end(self, gaps: pl.DataFrame) -> pl.Series:
         """Per gap, the earliest return of the launch calls of the ops that start exactly at

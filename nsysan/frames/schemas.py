@@ -16,9 +16,11 @@ costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
   meaningful order for reports), so that an Enum too sorts, compares and takes min/max by its
   text: every content order (`nsysan.frames.order`) is the one the String columns had.
 
-Integers are as narrow as their values allow (`OS_ID`, ``I32``: OS ids, CPUs, launch geometry,
-API return values; a 1M-kernel ``gpu_ops`` 154 -> 126 B per op); the output tables hold
-``pid``/``tid`` as Int64, and a pass keying a table on a frame's ``pid`` casts it.
+Integers are as narrow as their values allow (`OS_ID`, `CUDA_ID`, ``I32``: OS ids, CUDA
+device/context/stream ids and correlation ids, CPUs, launch geometry, API return values; a
+1M-kernel ``gpu_ops`` 154 -> 110 B per op); the output tables hold them as Int64, and a pass
+keying a table on a frame's id casts it. A value that does not fit its narrow type is not a
+value nsys writes: `conform` rejects it (`TraceFormatError`) instead of wrapping it.
 
 What still needs text works on the distinct values (``df[col].unique().cast(pl.String)``) and
 joins or maps back; two frames' keys join when both are Categorical (or both the same Enum),
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.errors import TraceFormatError
 from nsysan.frames.host_taxonomy import HOST_LAYERS
 
 # The communication tables live in their own module; they are part of this one's namespace.
@@ -43,6 +46,9 @@ I32 = pl.Int32
 #: OS process and thread ids in the frames: 24 bits of nsys' global ids
 #: (`nsysan.load.adapters.pid_of`); the output tables hold them as Int64
 OS_ID = pl.Int32
+#: CUDA device, context and stream ids and API correlation ids in the frames: CUPTI records
+#: each as a 32-bit number; the output tables hold them as Int64
+CUDA_ID = pl.Int32
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
@@ -105,10 +111,10 @@ GPU_OPS = pl.Schema(
         "end_ns": I64,
         "global_pid": I64,
         "pid": OS_ID,
-        "device_id": I64,
-        "context_id": I64,
-        "stream_id": I64,
-        "correlation_id": I64,
+        "device_id": CUDA_ID,
+        "context_id": CUDA_ID,
+        "stream_id": CUDA_ID,
+        "correlation_id": CUDA_ID,
         "name": CAT,  # kernel short name, or the copy kind / "memset"
         "demangled_name": CAT,  # kernels: full demangled signature; else same as name
         "copy_kind": CAT,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
@@ -135,7 +141,7 @@ CUDA_API = pl.Schema(
         "global_pid": I64,
         "pid": OS_ID,
         "tid": OS_ID,
-        "correlation_id": I64,
+        "correlation_id": CUDA_ID,
         "name": CAT,  # version suffix (_v7000) stripped
         "api_class": API_CLASS,  # one of API_CLASSES
         "layer": API_LAYER,  # runtime | driver
@@ -186,10 +192,10 @@ SYNC = pl.Schema(
         "end_ns": I64,
         "global_pid": I64,
         "pid": OS_ID,
-        "device_id": I64,
-        "context_id": I64,
-        "stream_id": I64,
-        "correlation_id": I64,
+        "device_id": CUDA_ID,
+        "context_id": CUDA_ID,
+        "stream_id": CUDA_ID,
+        "correlation_id": CUDA_ID,
         "sync_type": SYNC_TYPE,  # one of SYNC_TYPE_LABELS
     }
 )
@@ -208,7 +214,7 @@ OVERHEAD = pl.Schema(
 GPUS = pl.Schema(
     {
         "trace_id": STR,
-        "device_id": I64,
+        "device_id": CUDA_ID,
         "name": STR,
         "uuid": STR,
         "bus_location": STR,
@@ -224,8 +230,8 @@ STREAMS = pl.Schema(
     {
         "trace_id": STR,
         "pid": OS_ID,
-        "context_id": I64,
-        "stream_id": I64,
+        "context_id": CUDA_ID,
+        "stream_id": CUDA_ID,
         "priority": I64,
         "stream_type": STR,  # default | non_blocking | null | unknown
     }
@@ -264,11 +270,11 @@ MEMORY_EVENTS = pl.Schema(
         "start_ns": I64,
         "global_pid": I64,
         "pid": OS_ID,
-        "device_id": I64,
+        "device_id": CUDA_ID,
         "bytes": I64,
         "mem_kind": CAT,  # device | pinned | managed | array | device_static | ... (snake_case)
         "op": MEMORY_OP,  # alloc | free
-        "correlation_id": I64,  # of the CUDA API call that made it
+        "correlation_id": CUDA_ID,  # of the CUDA API call that made it
         "pool_address": I64,  # local memory pool, null outside a pool (or not exported)
         "pool_size_bytes": I64,  # bytes the pool reserves after the event
         "pool_utilized_bytes": I64,  # bytes of the pool handed out after the event
@@ -303,14 +309,38 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
     """Select and cast ``df`` to ``schema`` (columns missing from ``df`` become nulls).
 
     Used at every edge where a frame is produced, so that a frame always has its declared
-    column order and dtypes whatever the source.
+    column order and dtypes whatever the source. An integer column of a `pl.DataFrame` that
+    narrows to a 32-bit one is checked first: a value beyond 32 bits raises
+    `TraceFormatError` (nsys records those columns as 32-bit numbers: the input is damaged),
+    never an overflow or a polars error.
     """
+    if isinstance(df, pl.DataFrame):
+        _check_narrowing(df, schema)
     have = set(df.collect_schema().names())
     exprs = [
         (pl.col(name) if name in have else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in schema.items()
     ]
     return df.select(exprs)
+
+
+_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
+
+
+def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
+    for name, dtype in schema.items():
+        have = df.schema.get(name)
+        if dtype != pl.Int32 or have is None or not have.is_integer() or have in (
+                pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16):
+            continue
+        lo, hi = df[name].min(), df[name].max()
+        bad = [v for v in (lo, hi) if v is not None and not
+               _INT32_RANGE[0] <= v <= _INT32_RANGE[1]]  # type: ignore[operator]
+        if bad:
+            raise TraceFormatError(
+                f"column {name} holds {bad[0]}, beyond the 32 bits nsys records it with: the "
+                "export is damaged or was not written by nsys; export the report again "
+                "(nsys export --type sqlite)")
 
 # ---------------------------------------------------------------------------------------------
 # Output tables of the core passes

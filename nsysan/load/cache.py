@@ -39,8 +39,9 @@ MIN_BYTES = 64 << 20
 #: order; 3: the data-quality counts in the notes file; 4: cpu_stacks symbol/module and cpu_samples
 #: leaf_symbol/leaf_module Categorical; 5: cpu_samples.stack_layer instead of n_frames,
 #: thread states Categorical; 6: the text of the event frames Categorical or Enum; 7: OS ids,
-#: CPUs, launch geometry and API return values Int32)
-FRAMES_REVISION = 7
+#: CPUs, launch geometry and API return values Int32; 8: CUDA device, context, stream and
+#: correlation ids Int32)
+FRAMES_REVISION = 8
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32

@@ -50,7 +50,7 @@ _LONG_ROWS = 1024
 
 
 def launch_calls(trace: Trace) -> pl.DataFrame:
-    """``pid`` (Int64, as in the gap tables), ``device_id, stream_id`` of every timed GPU op
+    """``pid, device_id, stream_id`` (Int64, as in the gap tables) of every timed GPU op
     (the ``gpu_ops`` rows with ``start_ns > 0``) with ``global_tid, start_ns`` of the API call
     that launched it, in no particular order.
 
@@ -67,8 +67,8 @@ def launch_calls(trace: Trace) -> pl.DataFrame:
         .filter(timed & (pl.col("_row") >= 0))
     )
     return linked.select(
-        pl.col("pid").cast(pl.Int64),  # the gaps' key (the frames hold OS ids as Int32)
-        "device_id", "stream_id",
+        # the gaps' keys (the frames hold OS and CUDA ids as Int32)
+        *[pl.col(c).cast(pl.Int64) for c in KEY_COLS],
         api["global_tid"].gather(linked["_row"]),
         api["start_ns"].gather(linked["_row"]),
     )

@@ -241,18 +241,19 @@ def _summary(
 
 def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
     tid = trace.trace_id
-    # (the frames hold OS ids as Int32; the gap tables, and the null keys of other scopes,
-    # as Int64)
+    # (the frames hold OS and CUDA ids as Int32; the gap tables, and the null keys of other
+    # scopes, as Int64)
+    as_keys = [pl.col(c).cast(pl.Int64) for c in KEY_COLS]
     ops = (trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
-           .with_columns(pl.col("pid").cast(pl.Int64)))
+           .with_columns(as_keys))
     overhead = trace.frame("overhead")
     found, parts = [], []
     for scope in dict.fromkeys(params.scopes):
         # the device scope's busy time is every timed op: the shared union
         blocks = device_blocks.union(trace) if scope == "device" else None
         g, p = _scope_gaps(_busy(ops, overhead, scope), scope, params.min_gap_ns, blocks)
-        found.append(g.select("scope", *KEY_COLS, "start_ns", "end_ns", "duration_ns"))
-        parts.append(p.select("scope", *KEY_COLS, "_s", "_e", "busy_ns"))
+        found.append(g.select("scope", *as_keys, "start_ns", "end_ns", "duration_ns"))
+        parts.append(p.select("scope", *as_keys, "_s", "_e", "busy_ns"))
     order = pl.col("scope").replace_strict({s: i for i, s in enumerate(SCOPES)})
     gaps = (
         pl.concat(found)

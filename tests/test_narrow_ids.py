@@ -1,0 +1,95 @@
+"""CUDA ids held as 32-bit integers in the frames (issue 21): device, context and stream ids
+and correlation ids are Int32 there, as CUPTI records them, and Int64 in the output tables;
+a value beyond 32 bits is a damaged export, rejected with one line, never wrapped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import SHARED_TRACES
+from export_mutations import EXAMPLE, KERNEL, RUNTIME, SYNC, copy_export, execute
+
+import nsysan
+from nsysan.cli import cli
+from nsysan.errors import TraceFormatError
+from nsysan.frames import schemas
+from nsysan.load import open_trace
+from nsysan.passes.registry import registry
+from nsysan.testing._memory import CASES, memory_case
+
+IDS = ("device_id", "context_id", "stream_id", "correlation_id")
+INT32_MAX = (1 << 31) - 1
+SHARED = SHARED_TRACES
+#: shared traces whose analyses fill the host and nccl tables (when present; a memory-usage
+#: case of the test builder fills the memory tables)
+WITH_EVERYTHING = ("sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlite",
+                   "sc23-vit-train-nvtx/4workers.nsys-rep.nsys2023.4.4.sqlite")
+
+
+def test_frames_hold_cuda_ids_as_int32_and_the_tables_as_int64(tmp_path: Path) -> None:
+    trace = open_trace(EXAMPLE, trace_id="t", frame_cache=False)
+    for frame, cols in (("gpu_ops", IDS), ("sync", IDS), ("cuda_api", ("correlation_id",)),
+                        ("gpus", ("device_id",)), ("streams", ("context_id", "stream_id"))):
+        got = trace.frame(frame).schema
+        assert all(got[c] == pl.Int32 for c in cols), (frame, got)
+    # every table of an analysis has its declared schema in memory too (Int64 ids), for
+    # the traces with host evidence, NCCL and memory events as well
+    traces = [EXAMPLE, memory_case(tmp_path / "memory.sqlite", CASES[0]),
+              *(SHARED / rel for rel in WITH_EVERYTHING if (SHARED / rel).exists())]
+    specs = registry()
+    every_scope = {"gaps.scopes": "device,stream,process_device"}  # keys of every width
+    for path, settings in [(EXAMPLE, every_scope), *((t, None) for t in traces)]:
+        result = nsysan.analyze(path, settings=settings)
+        for name, res in result.results.items():
+            for table, df in res.tables.items():
+                assert df.schema == specs[name].tables[table], (path.name, table)
+
+
+@pytest.mark.parametrize(("table", "column", "frame_column", "value"), [
+    (KERNEL, "streamId", "stream_id", 3_000_000_000),
+    (KERNEL, "correlationId", "correlation_id", 1 << 31),
+    (KERNEL, "gridX", "grid_x", 1 << 32),
+    (RUNTIME, "correlationId", "correlation_id", 1 << 40),
+    (SYNC, "contextId", "context_id", -(1 << 31) - 1),
+])
+def test_an_id_beyond_32_bits_is_an_error_not_a_wrapped_value(
+    tmp_path: Path, table: str, column: str, frame_column: str, value: int,
+) -> None:
+    broken = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    execute(broken, f'UPDATE "{table}" SET "{column}" = {value} WHERE rowid = 3')
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["analyze", str(broken), "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert f"column {frame_column} holds {value}" in lines[0]
+    assert "export the report again" in lines[0] and "internal error" not in lines[0]
+    assert not (out / "t").exists()  # nothing half-written
+    with pytest.raises(TraceFormatError, match=frame_column):
+        nsysan.analyze(broken)
+
+
+def test_the_largest_32_bit_id_is_kept_exactly(tmp_path: Path) -> None:
+    edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    execute(edge, f"UPDATE {KERNEL} SET streamId = {INT32_MAX} WHERE streamId = 20",
+            f"UPDATE {RUNTIME} SET correlationId = {INT32_MAX} WHERE rowid = 3")
+    trace = open_trace(edge, trace_id="t", frame_cache=False)
+    assert trace.gpu_ops["stream_id"].max() == INT32_MAX
+    assert trace.cuda_api["correlation_id"].max() == INT32_MAX
+    # the NCCL kernels' stream (20 in the fixture) comes out whole in the nccl table
+    assert nsysan.analyze(edge).table("nccl")["stream_id"].unique().to_list() == [INT32_MAX]
+
+def test_conform_checks_only_what_it_narrows() -> None:
+    wide = pl.DataFrame({"trace_id": ["t"], "device_id": [1 << 33]})
+    schema = pl.Schema({"trace_id": pl.String, "device_id": schemas.CUDA_ID})
+    with pytest.raises(TraceFormatError, match="column device_id holds 8589934592"):
+        schemas.conform(wide, schema)
+    # widening, or narrowing values that fit, passes through unchanged
+    assert schemas.conform(wide, pl.Schema({"device_id": pl.Int64}))["device_id"][0] == 1 << 33
+    fits = pl.DataFrame({"device_id": [-(1 << 31), INT32_MAX, None]})
+    got = schemas.conform(fits, pl.Schema({"device_id": schemas.CUDA_ID}))
+    assert got["device_id"].to_list() == [-(1 << 31), INT32_MAX, None]
+    assert got.schema["device_id"] == pl.Int32
