@@ -350,16 +350,24 @@ def _lanes_of(sched: pl.DataFrame, samples: pl.DataFrame,
     return on_cpu, layered
 
 
-def _build_lanes(trace: Trace, drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _host_frames(trace: Trace, tids: pl.Series | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``sched`` and the samples with their ``layer`` (`sample_layers`; only the threads
+    ``tids`` when given), empty with their schemas when not captured: frames not captured
+    are not built at all (no data-quality entry, nothing read)."""
     has_sched, has_samples = captured(trace)
     sched = trace.frame("sched") if has_sched else schemas.empty(schemas_host.SCHED)
     if not has_samples:
-        return _lanes_of(sched, pl.DataFrame(schema={"global_tid": I64, "time_ns": I64,
-                                                     "layer": LAYER}), drawn)
-    tids = drawn["global_tid"].implode()
-    raw = trace.frame("cpu_samples").filter(pl.col("global_tid").is_in(tids))
-    return _lanes_of(sched, sample_layers(trace, raw), drawn)
+        return sched, schemas.empty(schemas_host.CPU_SAMPLES).with_columns(
+            layer=pl.lit(None, dtype=LAYER))
+    raw = trace.frame("cpu_samples")
+    if tids is not None:
+        raw = raw.filter(pl.col("global_tid").is_in(tids.implode()))
+    return sched, sample_layers(trace, raw)
 
+
+def _build_lanes(trace: Trace, drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    sched, samples = _host_frames(trace, drawn["global_tid"])
+    return _lanes_of(sched, samples, drawn)
 
 #: The evidence of the timeline's host lanes: for the threads of ``drawn`` (`lane_threads`,
 #: ``global_tid``), their on-CPU intervals (``global_tid, start_ns, end_ns``, per thread in
@@ -380,11 +388,7 @@ def run(trace: Trace, params: HostParams, results: Results) -> PassResult:
     has_sched, has_samples = captured(trace)
     if not has_sched and not has_samples:
         return _empty(trace.trace_id, f"not captured: record with `{HOW_TO_RECORD}`")
-    # frames not captured are not built at all (no data-quality entry, nothing read)
-    sched = trace.frame("sched") if has_sched else schemas.empty(schemas_host.SCHED)
-    raw = trace.frame("cpu_samples") if has_samples else schemas.empty(schemas_host.CPU_SAMPLES)
-    samples = sample_layers(trace, raw) if has_samples else raw.with_columns(
-        layer=pl.lit(None, dtype=LAYER))
+    sched, samples = _host_frames(trace)
     window = session_window(trace, sched, samples)
     period, per_period = sampling_period(samples)
     calls = launch_calls(trace) if not trace.frame("gpu_ops").is_empty() else None
