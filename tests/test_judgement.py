@@ -240,6 +240,27 @@ def test_start_up_calls_by_kind(tmp_path) -> None:
     assert covered_ns(calls, s, e).tolist() == want
 
 
+def test_a_first_launch_is_the_first_of_its_kernel_name_in_its_process(tmp_path) -> None:
+    import nsysan
+    from nsysan.findings.startup import startup_calls
+    from nsysan.testing import kernels as K
+    from nsysan.testing._common import MS, start
+
+    b, g = start()
+    g2 = b.add_process(4343, "python", main_thread="python")
+    b.add_api(g, 1 * MS, 1 * MS + 10 * US, "cudaSetDevice")
+    b.add_api(g2, 1 * MS, 1 * MS + 10 * US, "cudaSetDevice")
+    b.add_kernel(g, 4 * MS, 5 * MS, K.SGEMM, api_start=3 * MS, api_ns=10 * US)  # fast first
+    b.add_kernel(g, 8 * MS, 9 * MS, K.SGEMM, api_start=6 * MS, api_ns=2 * MS)  # slow, not 1st
+    b.add_kernel(g2, 12 * MS, 13 * MS, K.SGEMM, api_start=10 * MS, api_ns=2 * MS)  # 1st in g2
+    b.add_kernel(g2, 16 * MS, 17 * MS, K.ADD, api_start=14 * MS, api_ns=1 * MS)  # 1st ADD
+    b.add_kernel(g, 20 * MS, 21 * MS, K.ADD, api_start=18 * MS, api_ns=3 * MS)  # 1st in g
+    trace = nsysan.open_trace(b.write(tmp_path / "s.sqlite"))
+    got = startup_calls(trace, 1 * MS).filter(pl.col("why") == "first_launch")
+    assert got.select("pid", "start_ns").rows() == [(4343, 10 * MS), (4343, 14 * MS),
+                                                    (4242, 18 * MS)]
+
+
 @pytest.mark.parametrize("builder", ["tiny_first_launch", "nested_layers", "microbench"])
 def test_judgement_ignores_row_order(tmp_path, builder: str) -> None:
     from nsysan.findings.rules import finding_dict
