@@ -50,13 +50,15 @@ _LONG_ROWS = 1024
 
 
 def launch_calls(trace: Trace) -> pl.DataFrame:
-    """``pid, device_id, stream_id`` (Int64, as in the gap tables) of every timed GPU op
+    """``pid, device_id, stream_id`` (Int32, as in the frames) of every timed GPU op
     (the ``gpu_ops`` rows with ``start_ns > 0``) with ``global_tid, start_ns`` of the API call
     that launched it, in no particular order.
 
     Both the launching threads of each gap (`owners`) and the "did this NVTX range launch
     work" test need this link of the two largest frames: every op's call is known once
-    (`op_link.api_rows`, aligned with the whole ``gpu_ops`` frame), so it is a gather.
+    (`op_link.api_rows`, aligned with the whole ``gpu_ops`` frame), so it is a gather. The
+    keys keep the frames' type, not the gap tables' Int64 (4 B a column per op: ~140 MB on
+    10M kernels): polars joins them with the gaps' keys, keeping the gaps' type on the left.
     """
     api, gpu_ops = trace.frame("cuda_api"), trace.frame("gpu_ops")
     timed = pl.col("start_ns") > 0
@@ -67,8 +69,7 @@ def launch_calls(trace: Trace) -> pl.DataFrame:
         .filter(timed & (pl.col("_row") >= 0))
     )
     return linked.select(
-        # the gaps' keys (the frames hold OS and CUDA ids as Int32)
-        *[pl.col(c).cast(pl.Int64) for c in KEY_COLS],
+        *KEY_COLS,
         api["global_tid"].gather(linked["_row"]),
         api["start_ns"].gather(linked["_row"]),
     )
@@ -271,7 +272,10 @@ def _nvtx_evidence(
 def owners(
     ops: pl.LazyFrame, calls: pl.DataFrame, gaps: pl.LazyFrame, scopes: Sequence[str]
 ) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """(gap_id, pid) and (gap_id, global_tid) pairs: whose host activity explains each gap."""
+    """(gap_id, pid) and (gap_id, global_tid) pairs: whose host activity explains each gap.
+
+    ``ops`` are the timed GPU ops with the frame's key types (Int32): the distinct (device,
+    process) pairs are cast to the gaps' Int64, not every op."""
     by_pid, by_tid = [], []
     for scope in scopes:
         keys = SCOPE_KEYS[scope]
@@ -279,7 +283,7 @@ def owners(
         if "pid" in keys:
             by_pid.append(g.select("gap_id", "pid"))
         else:  # device scope: every process with an op on the device
-            procs = distinct(ops.select(*keys, "pid").collect())
+            procs = distinct(ops.select(*keys, "pid").collect()).cast(pl.Int64)
             by_pid.append(g.join(procs.lazy(), on=keys).select("gap_id", "pid"))
         threads = distinct(calls.select(*keys, "global_tid"))
         by_tid.append(g.join(threads.lazy(), on=keys).select("gap_id", "global_tid"))

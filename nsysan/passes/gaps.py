@@ -244,8 +244,8 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
     # (the frames hold OS and CUDA ids as Int32; the gap tables, and the null keys of other
     # scopes, as Int64)
     as_keys = [pl.col(c).cast(pl.Int64) for c in KEY_COLS]
-    ops = (trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
-           .with_columns(as_keys))
+    timed = trace.frame("gpu_ops").lazy().filter(pl.col("start_ns") > 0)
+    ops = timed.with_columns(as_keys)
     overhead = trace.frame("overhead")
     found, parts = [], []
     for scope in dict.fromkeys(params.scopes):
@@ -274,7 +274,7 @@ def run(trace: Trace, params: GapsParams, results: Results) -> PassResult:
         )
         calls = gap_causes.launch_calls(trace)
         proc, thread = gap_causes.evidence(trace, ops, calls, windows, params.nvtx_exclude_domains)
-        owners_pid, owners_tid = gap_causes.owners(ops, calls, gaps.lazy(), params.scopes)
+        owners_pid, owners_tid = gap_causes.owners(timed, calls, gaps.lazy(), params.scopes)
         clipped = (gap_causes.explain(gaps.lazy(), owners_pid, owners_tid, proc, thread)
                    .collect().lazy())
         explained = gap_causes.causes(gaps.lazy(), clipped, params.min_cause_frac)
