@@ -24,3 +24,19 @@ def test_distinct_is_unique(rows: list[tuple[int | None, ...]], n_cols: int) -> 
     got = distinct(df)
     assert got.schema == df.schema
     assert _sorted(got).equals(_sorted(df.unique()))
+
+
+int32s = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from([-(2**31), 2**31 - 1]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(int32s, int32s, ints), max_size=40))
+def test_distinct_of_narrow_and_wide_columns_is_unique(
+    rows: list[tuple[int | None, ...]],
+) -> None:
+    # the frames' Int32 ids beside Int64 global ids: codes built in one Int64 array
+    schema = {"device_id": pl.Int32, "stream_id": pl.Int32, "global_tid": pl.Int64}
+    df = pl.DataFrame(rows, schema=schema, orient="row")
+    got = distinct(df)
+    assert got.schema == df.schema
+    assert _sorted(got).equals(_sorted(df.unique()))
