@@ -70,8 +70,8 @@ def nvtx_steps(trace: Trace, params: StepsParams) -> tuple[pl.DataFrame, str] | 
     return chosen, f"nvtx:{key}"
 
 
-def _step_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarray]:
-    """The step (``cpu`` row) whose CPU range holds each ``start`` and whether one does: the
+def _range_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The ``cpu`` row (step range) that holds each ``start`` and whether one does: the
     ranges are sorted and disjoint, so that is a binary search, not a sort and an as-of join."""
     nulls = start.null_count() > 0
     t = (start.fill_null(0) if nulls else start).to_numpy()
@@ -80,14 +80,14 @@ def _step_of(cpu: pl.DataFrame, start: pl.Series) -> tuple[np.ndarray, np.ndarra
     inside = (row >= 0) & (t < cpu["end_ns"].to_numpy()[row_])
     if nulls:
         inside &= start.is_not_null().to_numpy()
-    return cpu["step"].to_numpy()[row_], inside
+    return row_, inside
 
 
 def _call_steps(cpu: pl.DataFrame, start: pl.Series) -> np.ndarray | None:
     """For every call (``start``: the ``cuda_api`` starts), the row of ``cpu`` whose range
     holds its start, -1 where none does; None unless the starts are sorted and not null.
 
-    What `_step_of` finds with a binary search per call, but the few step bounds are
+    What `_range_of` finds with a binary search per call, but the few step bounds are
     searched among the sorted call starts instead: the ranges are sorted and disjoint, so the
     calls of range k are the rows ``[lo_k, hi_k)``, and a running sum of +(k+1) at ``lo_k``
     and -(k+1) at ``hi_k`` labels every row in one linear pass (tens of times cheaper than
@@ -97,50 +97,46 @@ def _call_steps(cpu: pl.DataFrame, start: pl.Series) -> np.ndarray | None:
     t = start.to_numpy()
     lo = np.searchsorted(t, cpu["start_ns"].to_numpy(), side="left")
     hi = np.searchsorted(t, cpu["end_ns"].to_numpy(), side="left")
-    label = np.arange(1, cpu.height + 1, dtype=np.int64)
-    marks = np.zeros(t.size + 1, np.int64)
+    # (Int32: the rows of the few step ranges; one entry per call, 17M on 10M kernels)
+    label = np.arange(1, cpu.height + 1, dtype=np.int32)
+    marks = np.zeros(t.size + 1, np.int32)
     np.add.at(marks, lo, label)  # (a range's hi may be the next one's lo)
     np.add.at(marks, hi, -label)
-    return np.cumsum(marks[:-1]) - 1
+    rows = np.cumsum(marks[:-1], dtype=np.int32)
+    rows -= 1
+    return rows
 
 
-def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any) -> pl.DataFrame:
-    """``step, global_tid, _os, _oe``: every GPU op launched by an API call of process ``pid``
-    that starts inside a CPU step range, with the call's step and thread and the op's bounds
-    (one row per op: `op_link.api_rows` gives each op its call)."""
-    ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
+def _launched(trace: Trace, cpu: pl.DataFrame, pid: Any
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(cpu_row, op_row, call_row)``: every GPU op launched by an API call of process
+    ``pid`` that starts inside a CPU step range, as the ``cpu`` row of that range, the op's
+    row of ``gpu_ops`` and its call's row of ``cuda_api``, in op row order (one per op:
+    `op_link.api_rows` gives each op its call). Arrays, not a frame of the ops' columns:
+    `project` gathers the few columns it needs for the ops it keeps (a frame of every op's
+    step, thread and bounds, and its filtered copy, held ~0.75 GB on 10M kernels)."""
+    api = trace.frame("cuda_api")
     rows = op_link.api_rows(trace)
     of_call = _call_steps(cpu, api["start_ns"])
     if of_call is not None:
-        # Every op's call is known and every call's step too: a gather per op. The last
-        # slot (-1) is read by ops without a call (row -1).
+        # Every op's call is known and every call's step too: a gather per op (ops without
+        # a call, row -1, read the last call's slot and are masked).
         of_call[~(api["pid"] == pid).fill_null(False).to_numpy()] = -1
-        k = np.append(of_call, -1)[rows]
+        k = of_call[rows]
+        k[rows < 0] = -1
         op_rows = np.flatnonzero(k >= 0)
-        return pl.DataFrame([
-            pl.Series("step", cpu["step"].to_numpy()[k[op_rows]]),
-            api["global_tid"].gather(rows[op_rows]),
-            ops["start_ns"].gather(op_rows).alias("_os"),
-            ops["end_ns"].gather(op_rows).alias("_oe"),
-        ])
+        return k[op_rows], op_rows, rows[op_rows]
     # Some call's step is not one array lookup (`_call_steps`): gather the calls and find
     # their steps by a binary search.
     # Only the call's process and start decide whether an op counts. The process test
     # runs once per call and is gathered as a flag, so the binary search for the step
-    # reads only the ops of the process; then the thread and the op bounds of the ops
-    # that count.
+    # reads only the ops of the process.
     linked = np.flatnonzero(rows >= 0)
     call = rows[linked]
     same = (api["pid"] == pid).fill_null(False).to_numpy()[call]
     linked, call = linked[same], call[same]
-    step, inside = _step_of(cpu, api["start_ns"].gather(call))
-    op_rows = pl.Series(linked[inside])
-    return pl.DataFrame([
-        pl.Series("step", step[inside]),
-        api["global_tid"].gather(call[inside]),
-        ops["start_ns"].gather(op_rows).alias("_os"),
-        ops["end_ns"].gather(op_rows).alias("_oe"),
-    ])
+    row, inside = _range_of(cpu, api["start_ns"].gather(call))
+    return row[inside], linked[inside], call[inside]
 
 
 def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
@@ -150,9 +146,15 @@ def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     if ops.is_empty() or api.is_empty():
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
     tid = cpu["global_tid"][0]
-    launched = _launched(trace, cpu, cpu["pid"][0])
-    matched = launched.filter(pl.col("global_tid") == tid)
-    first = matched.group_by("step").agg(pl.col("_os").min().alias("_first"))
+    row, op_rows, call_rows = _launched(trace, cpu, cpu["pid"][0])
+    mine = (api["global_tid"] == tid).fill_null(False).to_numpy()[call_rows]
+    first = (
+        pl.DataFrame([pl.Series("_row", row[mine]),
+                      ops["start_ns"].gather(op_rows[mine]).alias("_os")])
+        .group_by("_row").agg(pl.col("_os").min().alias("_first"))
+    )
+    del mine
+    first = first.select(cpu["step"].gather(first["_row"]).alias("step"), "_first")
     win = cpu.join(first, on="step", how="left").sort("step")
     if win["_first"].null_count() == win.height:
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
@@ -160,7 +162,8 @@ def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     # ahead past the end of GPU capture. It is dropped; step numbers keep their positions.
     win = win.filter(pl.col("_first").is_not_null())
     # The last step's end counts the ops launched by every thread of the process.
-    last = launched.filter(pl.col("step") == win["step"][-1])["_oe"].max()
+    last_row = cpu.with_row_index("_row").filter(pl.col("step") == win["step"][-1])["_row"][0]
+    last = ops["end_ns"].gather(op_rows[row == last_row]).max()
     win = win.with_columns(pl.col("_first").cum_max().alias("_gs")).with_columns(
         pl.col("_gs").shift(-1)
         .fill_null(pl.max_horizontal("_gs", pl.lit(last, pl.Int64), "end_ns"))
