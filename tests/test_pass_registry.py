@@ -175,3 +175,22 @@ def test_the_schema_list_of_frames_matches_the_specs():
 
     declared = {t: s for spec in registry.registry().values() for t, s in spec.tables.items()}
     assert {t: declared[t] for t in schemas.OUTPUTS} == dict(schemas.OUTPUTS)
+
+
+def test_released_frames_and_freed_products_exist():
+    import importlib
+    import pkgutil
+
+    import nsysan.passes
+    from nsysan.frames import schemas
+    from nsysan.frames.context import Product
+    from nsysan.frames.schemas_host import HOST_EVIDENCE
+
+    products = set()
+    for info in pkgutil.iter_modules(nsysan.passes.__path__):
+        mod = importlib.import_module(f"nsysan.passes.{info.name}")
+        products |= {v.name for v in vars(mod).values() if isinstance(v, Product)}
+    frames = set(schemas.CANONICAL) | set(HOST_EVIDENCE)
+    for spec in registry.registry().values():
+        assert set(spec.releases) <= frames, spec.name
+        assert set(spec.frees) <= products, spec.name

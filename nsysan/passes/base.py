@@ -35,7 +35,9 @@ class PassSpec:
     canonical frames that nothing reads after the passes (the findings and reports read the
     pass tables and shared products): when the caller asks for it (`schedule.run_passes`),
     they are released from the trace once this pass and every other selected pass naming
-    them have ended.
+    them have ended. ``frees`` names the shared products this pass takes over as their last
+    user (``keep=False``: they are freed when it ends). Passes that release frames or free
+    products start as early as their dependencies allow (`schedule.run_order`).
 
     A module of `nsysan.passes` that defines ``SPEC`` is a pass (`registry.registry`): adding
     a pass is adding its module.
@@ -51,3 +53,4 @@ class PassSpec:
     default: bool = False
     auto: Callable[[Any], bool] | None = None
     releases: tuple[str, ...] = ()
+    frees: tuple[str, ...] = ()
