@@ -178,8 +178,14 @@ class Keys:
 
     def times(self, key: np.ndarray, group: np.ndarray) -> np.ndarray:
         """`time` of a numpy array of packed keys whose group codes are ``group`` (Int64)."""
-        off = key if self._one_group else key - group * self.span
-        return off + self._tmin if self._uniq is None else self._uniq.to_numpy()[off]
+        if self._one_group:
+            off = key + self._tmin if self._uniq is None else key
+        else:  # (in one new array: ``key - group * span + tmin`` made three)
+            off = np.multiply(group, self.span, dtype=np.int64)
+            np.subtract(key, off, out=off)
+            if self._uniq is None:
+                off += self._tmin
+        return off if self._uniq is None else self._uniq.to_numpy()[off]
 
     def lengths(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """`length` of numpy arrays of packed keys (pairs of the same group)."""

@@ -111,7 +111,8 @@ def stable_order(index: np.ndarray, n: int) -> np.ndarray:
 def state_instants(events: np.ndarray, shift: int, n_classes: int,
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Packed key and state code (bit i set: class i active) after all events at every
-    instant, from sorted events ``key << shift | 2 * class + is_start``."""
+    instant, from sorted events ``key << shift | 2 * class + is_start``. ``events`` is
+    consumed: its own memory becomes the keys (one array of every event fewer)."""
     # Narrow dtypes where the values allow: these passes are bound by memory traffic.
     # Codes below 2**15 fit in int16, and so does every running sum of toggles (a code).
     small = np.int16 if n_classes < 15 else np.int64
@@ -128,7 +129,9 @@ def state_instants(events: np.ndarray, shift: int, n_classes: int,
         d = delta[idx]
         on_off = np.cumsum(d, dtype=np.int64) == is_start[idx]  # 1 after a start, 0 after an end
         toggles[idx[on_off]] = d[on_off].astype(small) << i
-    key = events >> shift
+    del low, cls, is_start, delta
+    key = events
+    key >>= shift
     last = np.ones(len(events), bool)  # last event of its instant
     last[:-1] = key[1:] != key[:-1]
     return key[last], np.cumsum(toggles, dtype=small)[last].astype(np.int64)
