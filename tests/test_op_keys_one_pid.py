@@ -14,11 +14,12 @@ import pytest
 from nsysan.passes import op_keys
 
 
-def _rows(rng: random.Random, n: int, pids: list[int | None]) -> pl.DataFrame:
+def _rows(rng: random.Random, n: int, pids: list[int | None],
+          corr: pl.DataType = pl.Int64) -> pl.DataFrame:
     return pl.DataFrame(
         {"global_pid": [rng.choice(pids) for _ in range(n)],
          "correlation_id": [rng.choice([None, -3, 0, 5, 11]) for _ in range(n)]},
-        schema={"global_pid": pl.Int64, "correlation_id": pl.Int64},
+        schema={"global_pid": pl.Int64, "correlation_id": corr},
     )
 
 
@@ -33,11 +34,12 @@ def _general(sources: list[pl.DataFrame], df: pl.DataFrame) -> pl.Series:
         "global_pid"]
 
 
+@pytest.mark.parametrize("corr", [pl.Int64, pl.Int32])  # the frames hold Int32 ids
 @pytest.mark.parametrize("pids", [[7 << 24], [None, 7 << 24], [None, 7 << 24, 3]])
-def test_one_process_keys_equal_the_general_packing(pids):
+def test_one_process_keys_equal_the_general_packing(pids, corr):
     for seed in range(6):
         rng = random.Random(seed)
-        a, b = _rows(rng, 30, pids), _rows(rng, 20, [None, 7 << 24])
+        a, b = _rows(rng, 30, pids, corr), _rows(rng, 20, [None, 7 << 24], corr)
         expr = op_keys.op_key([a, b])
         for df in (a, b):
             got = df.select(expr)[op_keys.KEY]
@@ -52,3 +54,14 @@ def test_only_null_pids_match_nothing():
     a = pl.DataFrame({"global_pid": [None, None], "correlation_id": [1, 2]},
                      schema={"global_pid": pl.Int64, "correlation_id": pl.Int64})
     assert op_keys.join_on_op(a.lazy(), a.lazy(), [a]).collect().is_empty()
+
+
+def test_int32_correlation_ids_of_one_process_take_the_lookup_path():
+    # the packed key is Int64 whatever the frames hold: an Int32 key made `unique_rows`
+    # decline, and every op link went through a hash join (5x slower on 1M kernels)
+    ids = pl.Series("correlation_id", [4, 9, 5, None, 7], dtype=pl.Int32)
+    calls = pl.DataFrame({"global_pid": [7 << 24] * 5, "correlation_id": ids})
+    ops = calls.reverse()
+    key = op_keys.op_key([calls, ops])
+    rows = op_keys.unique_rows(calls.select(key)[op_keys.KEY], ops.select(key)[op_keys.KEY])
+    assert rows is not None and rows.to_list() == [4, -1, 2, 1, 0]

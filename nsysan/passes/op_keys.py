@@ -55,7 +55,8 @@ def op_key(sources: Sequence[pl.DataFrame]) -> pl.Expr:
     span = int(hi) - int(lo) + 1  # type: ignore[arg-type]
     if span * pids.len() >= _LIMIT:
         return fallback
-    offset = pl.col("correlation_id") - lo
+    # (Int64 whatever the frames hold: `unique_rows` takes packed keys as Int64 only)
+    offset = pl.col("correlation_id").cast(pl.Int64) - lo
     if one_process:  # code 0: the offset, null where the pid is
         return pl.when(pl.col("global_pid").is_not_null()).then(offset).alias(KEY)
     codes = dict(zip(pids.to_list(), range(pids.len()), strict=True))
