@@ -93,3 +93,16 @@ def test_conform_checks_only_what_it_narrows() -> None:
     got = schemas.conform(fits, pl.Schema({"device_id": schemas.CUDA_ID}))
     assert got["device_id"].to_list() == [-(1 << 31), INT32_MAX, None]
     assert got.schema["device_id"] == pl.Int32
+
+
+def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:
+    # 0xFFFFFFFF (CUPTI_INVALID_ID) is an unsigned 32-bit "does not apply": null, not an error
+    marked = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    execute(marked, f"UPDATE {KERNEL} SET streamId = {0xFFFFFFFF} WHERE rowid = 3",
+            f"UPDATE {RUNTIME} SET correlationId = {0xFFFFFFFF} WHERE rowid = 5",
+            f"UPDATE {SYNC} SET correlationId = {0xFFFFFFFF} WHERE rowid = 2")
+    trace = open_trace(marked, trace_id="t", frame_cache=False)
+    assert trace.gpu_ops["stream_id"].null_count() == 1
+    assert trace.cuda_api["correlation_id"].null_count() == 1
+    assert trace.sync["correlation_id"].null_count() == 1
+    assert nsysan.analyze(marked).table("kernels").height > 0

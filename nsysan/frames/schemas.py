@@ -19,8 +19,10 @@ costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
 Integers are as narrow as their values allow (`OS_ID`, `CUDA_ID`, ``I32``: OS ids, CUDA
 device/context/stream ids and correlation ids, CPUs, launch geometry, API return values; a
 1M-kernel ``gpu_ops`` 154 -> 110 B per op); the output tables hold them as Int64, and a pass
-keying a table on a frame's id casts it. A value that does not fit its narrow type is not a
-value nsys writes: `conform` rejects it (`TraceFormatError`) instead of wrapping it.
+keying a table on a frame's id casts it. CUPTI's not-applicable id marker (0xFFFFFFFF) is
+read as null (`nsysan.load.adapters.null_invalid_ids`); any other value that does not fit its
+narrow type is not one nsys writes: `conform` rejects it (`TraceFormatError`) instead of
+wrapping it.
 
 What still needs text works on the distinct values (``df[col].unique().cast(pl.String)``) and
 joins or maps back; two frames' keys join when both are Categorical (or both the same Enum),
@@ -338,9 +340,10 @@ def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
                _INT32_RANGE[0] <= v <= _INT32_RANGE[1]]  # type: ignore[operator]
         if bad:
             raise TraceFormatError(
-                f"column {name} holds {bad[0]}, beyond the 32 bits nsys records it with: the "
-                "export is damaged or was not written by nsys; export the report again "
-                "(nsys export --type sqlite)")
+                f"column {name} holds {bad[0]}, outside the 32-bit signed range nsysan reads "
+                "it in (CUDA ids count up from small numbers; CUPTI's not-applicable marker "
+                "0xFFFFFFFF reads as null): the export is damaged or was not written by nsys; "
+                "export the report again (nsys export --type sqlite)")
 
 # ---------------------------------------------------------------------------------------------
 # Output tables of the core passes

@@ -35,7 +35,7 @@ Mapping rules (documented here because they are choices, not nsys facts):
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -146,6 +146,20 @@ SYNC_TYPE_BY_API: tuple[tuple[str, str], ...] = (
 )
 #: CUPTI's "not applicable" marker in id columns (e.g. streamId of a context synchronization)
 CUPTI_INVALID_ID = 0xFFFFFFFF
+#: the CUDA id columns of the activity tables (`schemas.CUDA_ID` in the frames)
+CUDA_ID_COLUMNS = ("deviceId", "contextId", "streamId", "correlationId")
+
+
+def null_invalid_ids(df: pl.DataFrame, columns: Sequence[str] = CUDA_ID_COLUMNS) -> pl.DataFrame:
+    """``df`` with `CUPTI_INVALID_ID` in the CUDA id ``columns`` it has made null: the id does
+    not apply there (the frames hold these ids as Int32, which the marker does not fit, and a
+    number would be a lie). Columns without the marker are not copied."""
+    marked = [c for c in columns if c in df.columns and bool((df[c] == CUPTI_INVALID_ID).any())]
+    if not marked:
+        return df
+    return df.with_columns(
+        pl.when(pl.col(c) == CUPTI_INVALID_ID).then(None).otherwise(pl.col(c)).alias(c)
+        for c in marked)
 
 _PTSZ = r"(_ptsz|_ptds)?$"
 #: (api_class, regex on the suffix-stripped name); first match wins

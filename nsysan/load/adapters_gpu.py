@@ -20,6 +20,7 @@ from nsysan.load.adapters import (
     Adapter,
     categorical,
     enum_mapped,
+    null_invalid_ids,
     pid_of,
     sort_by_time_in_place,
 )
@@ -61,6 +62,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
     ops = adapter.default_process(ops)
     ops = sort_by_time_in_place(ops, "start", "end")  # (ops: this function's own frame)
     ops = drop_duplicate_rows(ops, quality, start="start")
+    ops = null_invalid_ids(ops)
     # Every text column is an integer key mapped once through a small lookup cast to
     # Categorical (`adapters.categorical`): each row holds a 4-byte code, no string is
     # copied per op (as String, each row held a 16-byte view into the lookup's names: the

@@ -12,7 +12,6 @@ from nsysan.frames import schemas
 from nsysan.load.adapters import (
     API_CLASS_RULES,
     COMMON_COLUMNS,
-    CUPTI_INVALID_ID,
     DEFAULTED_COLUMNS,
     RUNTIME,
     SYNC_TYPE_BY_API,
@@ -22,6 +21,7 @@ from nsysan.load.adapters import (
     Adapter,
     enum_mapped,
     global_pid_of,
+    null_invalid_ids,
     pid_of,
     sort_by_time,
     sort_by_time_in_place,
@@ -56,7 +56,7 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
     # name once (regexes on hundreds of names, not on every call) and map the results
     # back through one lookup index: a join would copy the whole frame once more.
     # (in place: the frame just read is this function's own, ~1 GB on a 10M-kernel trace)
-    df = sort_by_time_in_place(_clean(adapter, quality, df), "start", "end")
+    df = null_invalid_ids(sort_by_time_in_place(_clean(adapter, quality, df), "start", "end"))
     names = adapter.resolve(df.select("nameId").unique(), "nameId", "raw_name")
     name = pl.col("raw_name").str.replace(VERSION_SUFFIX, "")
     api_class = pl.lit("other")
@@ -111,19 +111,15 @@ def build_sync(adapter: Adapter) -> pl.DataFrame | None:
     quality = adapter.quality("sync")
     df = adapter.read(SYNCHRONIZATION, [*COMMON_COLUMNS], {"syncType": pl.Int64()},
                       DEFAULTED_COLUMNS)
-    df = _clean(adapter, quality, adapter.default_process(df))
-
-    def valid(c: str) -> pl.Expr:
-        return pl.when(pl.col(c) == CUPTI_INVALID_ID).then(None).otherwise(pl.col(c))
-
+    df = null_invalid_ids(_clean(adapter, quality, adapter.default_process(df)))
     df = df.select(
         start_ns="start",
         end_ns="end",
         global_pid="globalPid",
         pid=pid_of("globalPid"),
-        device_id=valid("deviceId"),
-        context_id=valid("contextId"),
-        stream_id=valid("streamId"),
+        device_id="deviceId",
+        context_id="contextId",
+        stream_id="streamId",
         correlation_id="correlationId",
         sync_type=enum_mapped(pl.col("syncType"), SYNC_TYPES, schemas.SYNC_TYPE).fill_null(
             pl.lit("unknown", dtype=schemas.SYNC_TYPE)),

@@ -26,7 +26,7 @@ import polars as pl
 
 from nsysan.frames import schemas
 from nsysan.frames.order import content_sort
-from nsysan.load.adapters import Adapter, pid_of, tid_of
+from nsysan.load.adapters import Adapter, null_invalid_ids, pid_of, tid_of
 
 EXPORT_META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 2023.4+ name first
 STREAM_TYPES = {1: "default", 2: "non_blocking", 3: "null"}
@@ -150,9 +150,9 @@ def build_streams(adapter: Adapter) -> pl.DataFrame | None:
     table = "TARGET_INFO_CUDA_STREAM"
     if not adapter.has(table):
         return None
-    df = adapter.read(
+    df = null_invalid_ids(adapter.read(
         table, ["streamId", "processId", "contextId"], {"priority": pl.Int64(), "flag": pl.Int64()}
-    )
+    ))
     types = pl.DataFrame(
         {"flag": list(STREAM_TYPES), "stream_type": list(STREAM_TYPES.values())},
         schema={"flag": pl.Int64, "stream_type": pl.String},

@@ -29,6 +29,7 @@ from nsysan.load.adapters import (
     categorical,
     enum_mapped,
     global_pid_of,
+    null_invalid_ids,
     pid_of,
 )
 from nsysan.load.quality import drop_duplicate_rows, drop_impossible
@@ -56,7 +57,7 @@ def build_memory_events(adapter: Adapter) -> pl.DataFrame | None:
         return None
     quality = adapter.quality("memory_events")
     df = drop_impossible(df, quality, adapter.session, start="start", end="start")
-    df = drop_duplicate_rows(df, quality, start="start")
+    df = null_invalid_ids(drop_duplicate_rows(df, quality, start="start"))
     kinds = adapter.enum_labels("ENUM_CUDA_MEM_KIND", MEM_KINDS)
     df = df.with_columns(
         categorical(pl.col("memKind"), kinds.rename({"label": "value"})).alias("mem_kind"),
