@@ -131,7 +131,7 @@ def run_order(specs: Sequence[PassSpec]) -> list[PassSpec]:
     waiting = list(specs)
     while waiting:
         ready = [s for s in waiting if needs[s.name] <= done]
-        if not ready:  # a cycle: `_run` reports it; keep the rest in specs order
+        if not ready:  # a cycle: `_run` reports it (ConfigError); the rest in specs order
             order += waiting
             break
         spec = next((s for s in ready if s.releases or s.frees), ready[0])
@@ -168,6 +168,9 @@ def _run(
         results: dict[str, PassResult] = {}
         timings: dict[str, float] = {}
         for spec in specs:
+            if not needs[spec.name] <= results.keys():  # (`run_order` leaves a cycle last)
+                names = ", ".join(s.name for s in specs if s.name not in results)
+                raise ConfigError(f"passes {names} wait for each other (dependency cycle)")
             t = time.perf_counter()
             prior = {d: results[d] for d in needs[spec.name]}
             results[spec.name] = spec.run(trace, params[spec.name], prior)
