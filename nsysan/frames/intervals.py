@@ -188,18 +188,15 @@ def state_code_segments(
     shift = max(2 * len(classes) - 1, 1).bit_length()
     keys = Keys([x], by, [start, end], low=1 << shift)
     n = x.height
+    cls = x["_c"].to_numpy()
     events = np.empty(2 * n, np.int64)
     for half, col, is_start in ((events[:n], start, 1), (events[n:], end, 0)):
         half[:] = keys.pack(0, col).to_numpy()
         half <<= shift
-        cls = x["_c"].to_numpy()
         half += cls
-        half += cls
-        if is_start:
-            half += 1
-        del cls
+        half += cls + is_start
     keys.forget_rows()
-    del x
+    del x, cls
     events = sweeps.sort_in_place(events)  # ops sorted by start: two runs
     key, code = sweeps.state_instants(events, shift, len(classes))
     # Segments are maximal runs of one state: keep the instants where the state changes. A
@@ -216,12 +213,9 @@ def state_code_segments(
     g = group[opens]
     del group
     begins = pl.Series(keys.times(key[opens], g), dtype=keys.dtype)
-    opens += 1
-    ends = pl.Series(keys.times(key[opens], g), dtype=keys.dtype)
-    del key
-    opens -= 1
+    ends = pl.Series(keys.times(key[opens + 1], g), dtype=keys.dtype)
     codes = code[opens]
-    del code, opens
+    del key, code, opens
     segs = pl.DataFrame({GROUP: g, start: begins, end: ends, "state_code": codes},
                         schema={GROUP: pl.Int64, start: keys.dtype, end: keys.dtype,
                                 "state_code": pl.Int64})

@@ -312,9 +312,9 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
 
     Used at every edge where a frame is produced, so that a frame always has its declared
     column order and dtypes whatever the source. An integer column of a `pl.DataFrame` that
-    narrows to a 32-bit one is checked first: a value beyond 32 bits raises
-    `TraceFormatError` (nsys records those columns as 32-bit numbers: the input is damaged),
-    never an overflow or a polars error.
+    narrows to Int32 is checked first: a value outside the Int32 range raises
+    `TraceFormatError` (nsys writes no such value there: the input is damaged), never an
+    overflow or a polars error.
     """
     if isinstance(df, pl.DataFrame):
         _check_narrowing(df, schema)

@@ -369,6 +369,7 @@ def _build_lanes(trace: Trace, drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.Da
     sched, samples = _host_frames(trace, drawn["global_tid"])
     return _lanes_of(sched, samples, drawn)
 
+
 #: The evidence of the timeline's host lanes: for the threads of ``drawn`` (`lane_threads`,
 #: ``global_tid``), their on-CPU intervals (``global_tid, start_ns, end_ns``, per thread in
 #: time order) and their samples with their layer (``global_tid, time_ns, code``: the

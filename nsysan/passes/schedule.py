@@ -124,8 +124,7 @@ def run_order(specs: Sequence[PassSpec]) -> list[PassSpec]:
     frames go when it ends (~0.8 GB): started as soon as the passes they need have ended
     (steps; steps and gaps), they free it before the passes that need neither run, instead
     of after them. No result depends on the order (`run_passes`)."""
-    names = {s.name for s in specs}
-    needs = {s.name: {d for d in (*s.requires, *s.after) if d in names} for s in specs}
+    needs = _needs(specs)
     order: list[PassSpec] = []
     done: set[str] = set()
     waiting = list(specs)
@@ -139,6 +138,12 @@ def run_order(specs: Sequence[PassSpec]) -> list[PassSpec]:
         done.add(spec.name)
         waiting.remove(spec)
     return order
+
+
+def _needs(specs: Sequence[PassSpec]) -> dict[str, set[str]]:
+    """Per pass, the passes of ``specs`` it waits for (``requires`` and ``after``)."""
+    names = {s.name for s in specs}
+    return {s.name: {d for d in (*s.requires, *s.after) if d in names} for s in specs}
 
 
 class _Releases:
@@ -162,8 +167,7 @@ def _run(
     specs: Sequence[PassSpec], trace: AnalysisContext, params: Mapping[str, Any], workers: int,
     releases: _Releases | None = None,
 ) -> tuple[dict[str, PassResult], dict[str, float]]:
-    chosen = {s.name for s in specs}
-    needs = {s.name: {d for d in (*s.requires, *s.after) if d in chosen} for s in specs}
+    needs = _needs(specs)
     if workers <= 1:
         results: dict[str, PassResult] = {}
         timings: dict[str, float] = {}

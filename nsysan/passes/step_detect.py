@@ -154,16 +154,14 @@ def project(trace: Trace, cpu: pl.DataFrame) -> tuple[pl.DataFrame, str]:
         .group_by("_row").agg(pl.col("_os").min().alias("_first"))
     )
     del mine
-    first = first.select(cpu["step"].gather(first["_row"]).alias("step"), "_first")
-    win = cpu.join(first, on="step", how="left").sort("step")
+    win = cpu.with_row_index("_row").join(first, on="_row", how="left").sort("step")
     if win["_first"].null_count() == win.height:
         return cpu.select("step", "start_ns", "end_ns"), "cpu"
     # A step that launched nothing on its thread has no GPU window: typically the CPU ran
     # ahead past the end of GPU capture. It is dropped; step numbers keep their positions.
     win = win.filter(pl.col("_first").is_not_null())
     # The last step's end counts the ops launched by every thread of the process.
-    last_row = cpu.with_row_index("_row").filter(pl.col("step") == win["step"][-1])["_row"][0]
-    last = ops["end_ns"].gather(op_rows[row == last_row]).max()
+    last = ops["end_ns"].gather(op_rows[row == win["_row"][-1]]).max()
     win = win.with_columns(pl.col("_first").cum_max().alias("_gs")).with_columns(
         pl.col("_gs").shift(-1)
         .fill_null(pl.max_horizontal("_gs", pl.lit(last, pl.Int64), "end_ns"))
