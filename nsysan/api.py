@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -301,15 +301,19 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
         # Parquet encoding runs in polars without the GIL: it overlaps the findings and the
         # pictures and documents (mostly Python), and the manifest waits for it (it hashes
         # the tables). Its time is recorded then, after the findings' (manifest key order).
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-parquet") as pool:
+        # The page's timeline (numpy, polars and zlib work) is built beside the findings too
+        # where `overlap_outputs` allows: only its engine-state strips wait for them.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nsysan-outputs") as pool:
             tables_written = pool.submit(parquet)
+            timeline = _start_timeline(pool, result, trace) if diagnose else None
 
             def tables_done() -> None:
                 result.timings_s["write_parquet"] = tables_written.result()
 
             if diagnose:
                 _diagnose_timed(result, trace)
-            _write_reports(result, trace, tmp, tables_done, perfetto)
+            _write_reports(result, trace, tmp, tables_done, perfetto,
+                           timeline.result if timeline is not None else None)
             tables_done()  # also when no report was written: raise its error
         manifest = tmp / MANIFEST_JSON  # its inputs' sizes and hashes go into the marker
         described = (json.loads(manifest.read_text(encoding="utf-8"))["inputs"]
@@ -324,8 +328,25 @@ def _write_outputs(result: AnalysisResult, folder: OwnedFolder, *, diagnose: boo
         folder.abort()  # (nothing once committed)
 
 
+def _start_timeline(pool: ThreadPoolExecutor, result: AnalysisResult, trace: Trace
+                    ) -> Future[dict[str, Any]] | None:
+    """The page's timeline payload started in ``pool`` (`overlap_outputs`), or None. Only
+    inside the analysis' context, whose products (the op links) the reports share."""
+    from nsysan.passes.schedule import overlap_outputs
+
+    if not isinstance(trace, AnalysisContext) or not overlap_outputs(trace):
+        return None
+    try:
+        from nsysan.report.html_data import timeline_payload
+    except ImportError:  # no reports: `_write_reports` writes none
+        return None
+    tables = {n: df for r in result.results.values() for n, df in r.tables.items()}
+    return pool.submit(timeline_payload, trace, tables)
+
+
 def _write_reports(result: AnalysisResult, trace: Trace, out_dir: Path,
-                   before_manifest: Callable[[], object], perfetto: bool = False) -> None:
+                   before_manifest: Callable[[], object], perfetto: bool = False,
+                   timeline: Callable[[], dict[str, Any]] | None = None) -> None:
     try:
         from nsysan.report.manifest import ManifestInfo
         from nsysan.report.write import write_report
@@ -336,7 +357,7 @@ def _write_reports(result: AnalysisResult, trace: Trace, out_dir: Path,
     # the reports render the findings: drawn here when the analysis did not draw them
     diagnosis = result.diagnosis if result.diagnosis is not None else _diagnose(result, trace)
     write_report(out_dir, trace, result.results, diagnosis, info,
-                 before_manifest=before_manifest, perfetto=perfetto)
+                 before_manifest=before_manifest, perfetto=perfetto, timeline=timeline)
 
 
 def analyze_to_dir(

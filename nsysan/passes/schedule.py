@@ -54,6 +54,19 @@ def pass_workers(trace: Trace) -> int:
     return 2 if CONCURRENT_MIN_OPS <= ops <= CONCURRENT_MAX_OPS else 1
 
 
+def overlap_outputs(trace: Trace) -> bool:
+    """True when the page's timeline may be built while the findings are drawn: on a
+    machine with 2+ cores, unless ``$NSYSAN_PASS_WORKERS`` asks for one thing at a time,
+    and up to `CONCURRENT_MAX_OPS` kernels (above, the two transients at once would raise
+    the peak memory the findings already set)."""
+    env = os.environ.get(WORKERS_ENV, "").strip()
+    if env.isdigit() and int(env) == 1:
+        return False
+    if (os.cpu_count() or 1) < 2:
+        return False
+    return trace.meta.tables.at_most("CUPTI_ACTIVITY_KIND_KERNEL") <= CONCURRENT_MAX_OPS
+
+
 def build_workers(trace: Trace) -> int:
     """How many frames of ``trace`` may be built at once, whatever number of `Trace.prefetch`
     calls asked for them: 4 (two threads for the event frames, two for the host frames),

@@ -215,6 +215,30 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
                   states: list[DeviceTimeline]) -> dict[str, Any]:
     """The page's timeline payload (see the module docstring); ``states`` are the binned
     per-device class shares (`plots.device_timelines`) drawn as the engine-state strip."""
+    return with_states(timeline_payload(trace, tables), states)
+
+
+def with_states(payload: dict[str, Any], states: list[DeviceTimeline]) -> dict[str, Any]:
+    """``payload`` (from `timeline_payload`) with each device's engine-state strip and busy
+    share from ``states``, in place."""
+    state_of = {tl.device_id: tl for tl in states}
+    for device in payload["devices"]:
+        tl = state_of.get(device["id"])
+        if tl is None:
+            continue
+        device["state"] = {"t0": int(tl.edges[0]) - payload["t0"],
+                           "t1": int(tl.edges[-1]) - payload["t0"],
+                           "rows": [{"name": n, "share": share_bytes(v)}
+                                    for n, v in tl.lanes.items()]}
+        device["busy"] = tl.busy_frac
+    return payload
+
+
+def timeline_payload(trace: Trace, tables: dict[str, pl.DataFrame]) -> dict[str, Any]:
+    """`timeline_data` without the engine-state strips (`with_states` adds them): everything
+    of the page's timeline that the pass results alone decide. Why apart: the strips are
+    binned over the window the findings choose, the rest can be built while they are drawn
+    (`nsysan.api` overlaps the two)."""
     strings = Strings()
     blob = Blob()
     ops = trace.gpu_ops if trace.has("gpu_ops") else None
@@ -235,7 +259,6 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
         notes.append(f"Zoomed in, the timeline shows the {drawn.size:,} longest of "
                      f"{n_drawn:,} GPU ops (the overview counts all of them).")
     classes = ops.schema["op_class"].categories.to_list()
-    state_of = {tl.device_id: tl for tl in states}
     devices = []
     lanes_all = scan.lanes.table
     lane_devices = lanes_all["device_id"].to_numpy()
@@ -251,14 +274,8 @@ def timeline_data(trace: Trace, tables: dict[str, pl.DataFrame],
                                                  OTHER_CLASS),
                           "n_ops": int(counts[g].sum()),
                           "overview": share_bytes(covers[g].share(edges))})
-        tl = state_of.get(int(dev))
-        state = None
-        if tl is not None:
-            state = {"t0": int(tl.edges[0]) - t0, "t1": int(tl.edges[-1]) - t0,
-                     "rows": [{"name": n, "share": share_bytes(v)}
-                              for n, v in tl.lanes.items()]}
-        devices.append({"id": int(dev), "lanes": lanes, "state": state,
-                        "busy": None if tl is None else tl.busy_frac,
+        # (the state strip and busy share: `with_states`; the keys keep the page's order)
+        devices.append({"id": int(dev), "lanes": lanes, "state": None, "busy": None,
                         "gaps": _gaps(tables.get("gaps"), int(dev), t0, strings)})
     del covers
     _pack_ops(ops, drawn, scan.lanes, lane_devices, t0, strings, blob, api, api_rows)

@@ -382,17 +382,21 @@ def _svg_layers(layers: pl.DataFrame, top: int = 20, width: int = 700) -> str:
 def report_html(path: Path, diagnosis: Any, trace: Trace, timelines: list[DeviceTimeline],
                 layers: pl.DataFrame | None,
                 tables: dict[str, pl.DataFrame] | None = None,
-                states: list[DeviceTimeline] | None = None) -> Path:
+                states: list[DeviceTimeline] | None = None,
+                payload: dict[str, Any] | None = None) -> Path:
     """The interactive page (`nsysan.report.html_page`); the SVG strips are its no-script
     fallback. ``states``: the devices binned at `html_data.N_BINS` (binned here when not
-    given; `binned_timelines` bins both at once)."""
+    given; `binned_timelines` bins both at once). ``payload``: `html_data.timeline_payload`
+    of ``trace`` and ``tables`` when the caller built it already."""
     from nsysan.report import html_data, html_page
 
     tables = tables if tables is not None else {}
     window = timelines[0].window if timelines else None
     if states is None:
         states = device_timelines(trace, tables, window, n_bins=html_data.N_BINS)
-    payload = html_data.timeline_data(trace, tables, states)
+    if payload is None:
+        payload = html_data.timeline_payload(trace, tables)
+    payload = html_data.with_states(payload, states)
     svgs = [(tl.device_id, fmt_frac(tl.busy_frac), _svg_timeline(tl)) for tl in timelines]
     with_layers = (layers is not None and layers.height > 0
                    and diagnosis.attribution_note() is None)

@@ -49,13 +49,16 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
                  results: Mapping[str, PassResult] | None = None, diagnosis: Any = None,
                  manifest_info: ManifestInfo | Mapping[str, Any] | None = None,
                  before_manifest: Callable[[], object] | None = None,
-                 perfetto: bool = False) -> list[Path]:
+                 perfetto: bool = False,
+                 timeline: Callable[[], dict[str, Any]] | None = None) -> list[Path]:
     """Write the reports of one trace into ``out_dir``; returns the paths written.
 
     Call it after the Parquet tables are in ``out_dir`` so that the manifest hashes them too,
     or while they are being written, with ``before_manifest`` waiting for them: it is called
     just before the manifest lists the directory. With ``perfetto``, the annotated timeline
     ``trace.pftrace`` is written too (`nsysan.report.perfetto`; needs ``nsysan[perfetto]``).
+    ``timeline``: returns the page's `html_data.timeline_payload` of these results, when the
+    caller started building it earlier (the result of a future, say).
     """
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -65,12 +68,14 @@ def write_report(out_dir: str | Path, trace_or_result: Any,
     base = trace_or_result if isinstance(trace_or_result, Trace) else trace_or_result.trace
     with analysis_context(base) as trace:
         return _write(out, t_start, *_unpack(trace, trace_or_result, results, diagnosis,
-                                             manifest_info), before_manifest, perfetto)
+                                             manifest_info), before_manifest, perfetto,
+                      timeline)
 
 
 def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassResult],
            diagnosis: Any, info: ManifestInfo,
-           before_manifest: Callable[[], object] | None, perfetto: bool) -> list[Path]:
+           before_manifest: Callable[[], object] | None, perfetto: bool,
+           timeline: Callable[[], dict[str, Any]] | None) -> list[Path]:
     # The manifest hashes the inputs (a second per GB): started now, in a background thread,
     # the hash overlaps the pictures instead of following them (nothing new is started when
     # `analyze(hash_inputs=True)` prefetched them already; see `prefetch_sha256`).
@@ -97,7 +102,7 @@ def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassRe
         drawn = [pool.submit(plots.timeline_png, tl, out / name)
                  for tl, (_, name) in zip(timelines, pngs, strict=True)]
         html = plots.report_html(out / "report.html", diagnosis, trace, timelines, layers,
-                                 tables, states)
+                                 tables, states, timeline() if timeline is not None else None)
         md = write_markdown(out, diagnosis, trace, layers, images, pngs, tables.get("steps"),
                             tables.get("overlap"),
                             {k: tables[k] for k in ("host_threads", "host_layers") if k in tables})
