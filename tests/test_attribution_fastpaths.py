@@ -73,20 +73,16 @@ def test_duplicate_api_rows_own_the_op_once():
     assert att.filter(pl.col("name") == "inner")["exclusive_gpu_ns"].item() == 15
 
 
-def test_total_busy_merges_null_devices_with_a_real_device_minus_one():
-    """The pass fills null devices with -1: the total GPU busy time is the union per device of
-    that column, so with a real device -1 the null device's ops merge with its ops (the
-    fallback), and without one they stay a device of their own (the shared device unions)."""
+def test_total_busy_counts_null_devices_as_a_device_of_their_own():
+    """The pass fills null devices with -1, which no CUDA device id (unsigned 32 bits) is:
+    the total GPU busy time is the union per device, the null device's ops one more device."""
     b = Builder()
     b.range(0, 100, "r")
     b.launch((1, 2), (10, 30), device=None)
-    b.launch((3, 4), (20, 40), device=-1)
+    b.launch((3, 4), (20, 40), device=None)
     b.launch((5, 6), (25, 50), device=0)
-    # null and -1 together: [10, 40) = 30; device 0: [25, 50) = 25
+    # null: [10, 40) = 30; device 0: [25, 50) = 25 (overlapping the null device's ops)
     assert _attribution(b)[2]["gpu_busy_ns"] == 30 + 25
-    b.ops = [op for op in b.ops if op["device_id"] != -1]
-    # null alone: [10, 30) = 20; device 0: 25
-    assert _attribution(b)[2]["gpu_busy_ns"] == 20 + 25
 
 
 def test_tightest_rank_lookup_equals_the_join():

@@ -20,6 +20,9 @@ from nsysan.passes.base import PassResult
 
 MS = 1_000_000
 TID = 11  # the launching thread of every op below
+#: the correlation id of calls that launched nothing here: a valid CUPTI id (unsigned 32
+#: bits) no op of these cases holds
+UNLINKED = (1 << 32) - 2
 
 
 def gtid(pid: int, tid: int = TID) -> int:
@@ -54,7 +57,7 @@ def build(ops=(), apis=(), nvtx=(), osrt=(), overhead=(), sync=()) -> Trace:
             [{"start_ns": a["s"], "end_ns": a["e"], "name": a["name"], "api_class": a["cls"],
               "pid": a.get("pid", 1), "global_pid": a.get("pid", 1) << 24,
               "tid": a.get("tid", TID), "global_tid": gtid(a.get("pid", 1), a.get("tid", TID)),
-              "correlation_id": a.get("corr", -1)} for a in apis],
+              "correlation_id": a.get("corr", UNLINKED)} for a in apis],
             schema=schemas.CUDA_API, strict=False,
         ) if apis else schemas.empty(schemas.CUDA_API),
         "nvtx": pl.DataFrame(
@@ -76,7 +79,7 @@ def build(ops=(), apis=(), nvtx=(), osrt=(), overhead=(), sync=()) -> Trace:
         ) if overhead else schemas.empty(schemas.OVERHEAD),
         "sync": pl.DataFrame(
             [{"start_ns": r["s"], "end_ns": r["e"], "sync_type": r["type"], "pid": 1,
-              "global_pid": 1 << 24, "device_id": 0, "correlation_id": r.get("corr", -5)}
+              "global_pid": 1 << 24, "device_id": 0, "correlation_id": r.get("corr", UNLINKED - 4)}
              for r in sync], schema=schemas.SYNC, strict=False,
         ) if sync else schemas.empty(schemas.SYNC),
     }
@@ -234,8 +237,8 @@ def test_pageable_async_copy_is_a_sync_copy():
     trace = build([K(1, 2), copy, K(12, 13)], apis=[copy_call])
     # The auto-generated call at the op start is replaced by a long one: reuse its correlation.
     api = trace.cuda_api.with_columns(
-        pl.when(pl.col("correlation_id") == -1).then(10_001).otherwise(pl.col("correlation_id"))
-        .alias("correlation_id")
+        pl.when(pl.col("correlation_id") == UNLINKED).then(10_001)
+        .otherwise(pl.col("correlation_id")).alias("correlation_id")
     )
     trace = Trace.from_frames("t", {"gpu_ops": trace.gpu_ops, "cuda_api": api})
     row = run_gaps(trace).tables["gaps"].row(0, named=True)

@@ -1,6 +1,7 @@
 """CUDA ids held as 32-bit integers in the frames (issue 21): device, context and stream ids
-and correlation ids are Int32 there, as CUPTI records them, and Int64 in the output tables;
-a value beyond 32 bits is a damaged export, rejected with one line, never wrapped."""
+and correlation ids are UInt32 there, as CUPTI records them (every value up to 0xFFFFFFFE is
+kept exactly; 0xFFFFFFFF, "not applicable", is null), and Int64 in the output tables; a
+value outside 32 unsigned bits is a damaged export, rejected with one line, never wrapped."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from nsysan.passes.registry import registry
 from nsysan.testing._memory import CASES, memory_case
 
 IDS = ("device_id", "context_id", "stream_id", "correlation_id")
-INT32_MAX = (1 << 31) - 1
+#: the largest CUDA id CUPTI writes (0xFFFFFFFF is its "not applicable")
+CUDA_ID_MAX = (1 << 32) - 2
 SHARED = SHARED_TRACES
 #: shared traces whose analyses fill the host and nccl tables (when present; a memory-usage
 #: case of the test builder fills the memory tables)
@@ -29,12 +31,12 @@ WITH_EVERYTHING = ("sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlit
                    "sc23-vit-train-nvtx/4workers.nsys-rep.nsys2023.4.4.sqlite")
 
 
-def test_frames_hold_cuda_ids_as_int32_and_the_tables_as_int64(tmp_path: Path) -> None:
+def test_frames_hold_cuda_ids_as_uint32_and_the_tables_as_int64(tmp_path: Path) -> None:
     trace = open_trace(EXAMPLE, trace_id="t", frame_cache=False)
     for frame, cols in (("gpu_ops", IDS), ("sync", IDS), ("cuda_api", ("correlation_id",)),
                         ("gpus", ("device_id",)), ("streams", ("context_id", "stream_id"))):
         got = trace.frame(frame).schema
-        assert all(got[c] == pl.Int32 for c in cols), (frame, got)
+        assert all(got[c] == pl.UInt32 for c in cols), (frame, got)
     # every table of an analysis has its declared schema in memory too (Int64 ids), for
     # the traces with host evidence, NCCL and memory events as well
     traces = [EXAMPLE, memory_case(tmp_path / "memory.sqlite", CASES[0]),
@@ -49,9 +51,9 @@ def test_frames_hold_cuda_ids_as_int32_and_the_tables_as_int64(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("table", "column", "frame_column", "value"), [
-    (KERNEL, "streamId", "stream_id", 3_000_000_000),
-    (KERNEL, "correlationId", "correlation_id", 1 << 31),
-    (KERNEL, "gridX", "grid_x", 1 << 32),
+    (KERNEL, "streamId", "stream_id", 1 << 32),
+    (KERNEL, "correlationId", "correlation_id", -1),
+    (KERNEL, "gridX", "grid_x", 1 << 31),
     (RUNTIME, "correlationId", "correlation_id", 1 << 40),
     (SYNC, "contextId", "context_id", -(1 << 31) - 1),
 ])
@@ -72,27 +74,46 @@ def test_an_id_beyond_32_bits_is_an_error_not_a_wrapped_value(
         nsysan.analyze(broken)
 
 
-def test_the_largest_32_bit_id_is_kept_exactly(tmp_path: Path) -> None:
+def test_every_id_cupti_writes_is_kept_exactly(tmp_path: Path) -> None:
+    # ids of the upper half of 32 bits are legitimate CUPTI values (unsigned), not damage
     edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")
-    execute(edge, f"UPDATE {KERNEL} SET streamId = {INT32_MAX} WHERE streamId = 20",
-            f"UPDATE {RUNTIME} SET correlationId = {INT32_MAX} WHERE rowid = 3")
+    high = (1 << 31) + 7
+    execute(edge, f"UPDATE {KERNEL} SET streamId = {CUDA_ID_MAX} WHERE streamId = 20",
+            f"UPDATE {KERNEL} SET correlationId = correlationId + {high}",
+            f"UPDATE {RUNTIME} SET correlationId = correlationId + {high}")
     trace = open_trace(edge, trace_id="t", frame_cache=False)
-    assert trace.gpu_ops["stream_id"].max() == INT32_MAX
-    assert trace.cuda_api["correlation_id"].max() == INT32_MAX
+    assert trace.gpu_ops["stream_id"].max() == CUDA_ID_MAX
+    assert trace.cuda_api["correlation_id"].min() >= high
+    result = nsysan.analyze(edge)
     # the NCCL kernels' stream (20 in the fixture) comes out whole in the nccl table
-    assert nsysan.analyze(edge).table("nccl")["stream_id"].unique().to_list() == [INT32_MAX]
+    assert result.table("nccl")["stream_id"].unique().to_list() == [CUDA_ID_MAX]
+    # and every kernel still finds the call that launched it through the high ids
+    base = nsysan.analyze(EXAMPLE)
+    for table in ("kernels", "gaps"):  # launch times and gap causes included
+        got, want = (r.table(table).drop("trace_id", "stream_id", strict=False)
+                     for r in (result, base))
+        assert got.equals(want), table
+    assert result.table("kernels")["api_mean_ns"].is_not_null().any()
+
 
 def test_conform_checks_only_what_it_narrows() -> None:
     wide = pl.DataFrame({"trace_id": ["t"], "device_id": [1 << 33]})
     schema = pl.Schema({"trace_id": pl.String, "device_id": schemas.CUDA_ID})
     with pytest.raises(TraceFormatError, match="column device_id holds 8589934592"):
         schemas.conform(wide, schema)
+    with pytest.raises(TraceFormatError, match=r"column device_id holds -1, .*unsigned"):
+        schemas.conform(pl.DataFrame({"device_id": [-1, 3]}), schema)
+    with pytest.raises(TraceFormatError, match="column tid holds 2147483648"):
+        schemas.conform(pl.DataFrame({"tid": [1 << 31]}), pl.Schema({"tid": schemas.OS_ID}))
     # widening, or narrowing values that fit, passes through unchanged
     assert schemas.conform(wide, pl.Schema({"device_id": pl.Int64}))["device_id"][0] == 1 << 33
-    fits = pl.DataFrame({"device_id": [-(1 << 31), INT32_MAX, None]})
+    fits = pl.DataFrame({"device_id": [0, CUDA_ID_MAX + 1, None]})
     got = schemas.conform(fits, pl.Schema({"device_id": schemas.CUDA_ID}))
-    assert got["device_id"].to_list() == [-(1 << 31), INT32_MAX, None]
-    assert got.schema["device_id"] == pl.Int32
+    assert got["device_id"].to_list() == [0, CUDA_ID_MAX + 1, None]
+    assert got.schema["device_id"] == pl.UInt32
+    signed = pl.DataFrame({"tid": [-(1 << 31), (1 << 31) - 1]})
+    assert schemas.conform(signed, pl.Schema({"tid": schemas.OS_ID}))["tid"].to_list() == [
+        -(1 << 31), (1 << 31) - 1]
 
 
 def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:

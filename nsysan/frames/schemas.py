@@ -16,13 +16,13 @@ costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
   meaningful order for reports), so that an Enum too sorts, compares and takes min/max by its
   text: every content order (`nsysan.frames.order`) is the one the String columns had.
 
-Integers are as narrow as their values allow (`OS_ID`, `CUDA_ID`, ``I32``: OS ids, CUDA
-device/context/stream ids and correlation ids, CPUs, launch geometry, API return values; a
-1M-kernel ``gpu_ops`` 154 -> 110 B per op); the output tables hold them as Int64, and a pass
-keying a table on a frame's id casts it. CUPTI's not-applicable id marker (0xFFFFFFFF) is
-read as null (`nsysan.load.adapters.null_invalid_ids`); any other value that does not fit its
-narrow type is not one nsys writes: `conform` rejects it (`TraceFormatError`) instead of
-wrapping it.
+Integers are as narrow as their values allow (`OS_ID`, ``I32``: OS ids, CPUs, launch
+geometry, API return values, Int32; `CUDA_ID`: CUDA device/context/stream ids and
+correlation ids, UInt32 as CUPTI records them; a 1M-kernel ``gpu_ops`` 154 -> 110 B per op);
+the output tables hold them as Int64, and a pass keying a table on a frame's id casts it.
+CUPTI's not-applicable id marker (0xFFFFFFFF) is read as null
+(`nsysan.load.adapters.null_invalid_ids`); any other value that does not fit its narrow type
+is not one nsys writes: `conform` rejects it (`TraceFormatError`) instead of wrapping it.
 
 What still needs text works on the distinct values (``df[col].unique().cast(pl.String)``) and
 joins or maps back; two frames' keys join when both are Categorical (or both the same Enum),
@@ -49,8 +49,9 @@ I32 = pl.Int32
 #: (`nsysan.load.adapters.pid_of`); the output tables hold them as Int64
 OS_ID = pl.Int32
 #: CUDA device, context and stream ids and API correlation ids in the frames: CUPTI records
-#: each as a 32-bit number; the output tables hold them as Int64
-CUDA_ID = pl.Int32
+#: each as an unsigned 32-bit number (0xFFFFFFFF, "not applicable", reads as null); the
+#: output tables hold them as Int64
+CUDA_ID = pl.UInt32
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
@@ -312,7 +313,7 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
 
     Used at every edge where a frame is produced, so that a frame always has its declared
     column order and dtypes whatever the source. An integer column of a `pl.DataFrame` that
-    narrows to Int32 is checked first: a value outside the Int32 range raises
+    narrows to Int32 or UInt32 is checked first: a value outside that range raises
     `TraceFormatError` (nsys writes no such value there: the input is damaged), never an
     overflow or a polars error.
     """
@@ -329,21 +330,29 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
 _INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
 
 
+_UINT32_RANGE = (0, (1 << 32) - 1)
+#: the integer types each narrow type takes without a check
+_FITS = {pl.Int32: (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16),
+         pl.UInt32: (pl.UInt8, pl.UInt16, pl.UInt32)}
+
+
 def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
     for name, dtype in schema.items():
         have = df.schema.get(name)
-        if dtype != pl.Int32 or have is None or not have.is_integer() or have in (
-                pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16):
+        if dtype not in _FITS or have is None or not have.is_integer() or have in _FITS[dtype]:
             continue
+        low, high = _INT32_RANGE if dtype == pl.Int32 else _UINT32_RANGE
         lo, hi = df[name].min(), df[name].max()
         bad = [v for v in (lo, hi) if v is not None and not
-               _INT32_RANGE[0] <= v <= _INT32_RANGE[1]]  # type: ignore[operator]
+               low <= v <= high]  # type: ignore[operator]
         if bad:
+            what = ("a CUDA id, which CUPTI records as an unsigned 32-bit number (its "
+                    "not-applicable marker 0xFFFFFFFF reads as null)" if dtype == pl.UInt32
+                    else "a 32-bit number in every export nsys writes")
             raise TraceFormatError(
-                f"column {name} holds {bad[0]}, outside the 32-bit signed range nsysan reads "
-                "it in (CUDA ids count up from small numbers; CUPTI's not-applicable marker "
-                "0xFFFFFFFF reads as null): the export is damaged or was not written by nsys; "
-                "export the report again (nsys export --type sqlite)")
+                f"column {name} holds {bad[0]}, outside the range of {what}: the export is "
+                "damaged or was not written by nsys; export the report again (nsys export "
+                "--type sqlite)")
 
 # ---------------------------------------------------------------------------------------------
 # Output tables of the core passes

@@ -40,8 +40,8 @@ MIN_BYTES = 64 << 20
 #: leaf_symbol/leaf_module Categorical; 5: cpu_samples.stack_layer instead of n_frames,
 #: thread states Categorical; 6: the text of the event frames Categorical or Enum; 7: OS ids,
 #: CPUs, launch geometry and API return values Int32; 8: CUDA device, context, stream and
-#: correlation ids Int32)
-FRAMES_REVISION = 8
+#: correlation ids Int32; 9: those ids UInt32, as CUPTI records them)
+FRAMES_REVISION = 9
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32

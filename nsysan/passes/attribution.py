@@ -264,16 +264,13 @@ def _merge_rows(launch: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.
 
 def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
     """GPU busy time of the trace: the union of all GPU ops per device of ``ops``, summed
-    (ops of a null device are device -1 there, so they merge with a real device -1)."""
+    (ops of a null device are one more device). The unions per device are those of the
+    other passes, cut from one shared sorted stream (read once here: not kept), summed from
+    the blocks' arrays (no frame to build)."""
     if ops.is_empty():
         return 0
-    if not (trace.gpu_ops["device_id"] == -1).any():
-        # Null devices (filled with -1 in ``ops``) merge with no real device: the unions per
-        # device are those of the other passes, cut from one shared sorted stream (read
-        # once here: not kept), summed from the blocks' arrays (no frame to build).
-        blocks = device_blocks.blocks(trace, None, timed=False, keep=False)
-        return int((blocks.end - blocks.start).sum())
-    return int(iv.total(ops, by=["device_id"]).collect()["busy_ns"].sum())
+    blocks = device_blocks.blocks(trace, None, timed=False, keep=False)
+    return int((blocks.end - blocks.start).sum())
 
 
 def _unavailable_reason(trace: Trace, ranges: pl.DataFrame, launch_tids: pl.Series) -> str | None:
@@ -304,7 +301,9 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
     ops = (
-        trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").fill_null(-1), "start_ns", "end_ns"])
+        # (a null device is -1, which no CUDA device id is)
+        trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").cast(pl.Int64).fill_null(-1),
+                              "start_ns", "end_ns"])
         .with_row_index("op_id")
     )
     launches, op_launch = _launches(trace, ops)
