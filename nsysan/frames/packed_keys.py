@@ -176,11 +176,18 @@ class Keys:
             return end - start
         return self.time(end).cast(pl.Int64) - self.time(start).cast(pl.Int64)
 
-    def times(self, key: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """`time` of a numpy array of packed keys whose group codes are ``group`` (Int64)."""
+    @property
+    def one_group(self) -> bool:
+        """True when every row is in one group: the packed keys are the times alone."""
+        return self._one_group
+
+    def times(self, key: np.ndarray, group: np.ndarray | None) -> np.ndarray:
+        """`time` of a numpy array of packed keys whose group codes are ``group`` (Int64;
+        None when `one_group`)."""
         if self._one_group:
             off = key + self._tmin if self._uniq is None else key
         else:  # (in one new array: ``key - group * span + tmin`` made three)
+            assert group is not None
             off = np.multiply(group, self.span, dtype=np.int64)
             np.subtract(key, off, out=off)
             if self._uniq is None:

@@ -110,9 +110,10 @@ def stable_order(index: np.ndarray, n: int) -> np.ndarray:
 
 def state_instants(events: np.ndarray, shift: int, n_classes: int,
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Packed key and state code (bit i set: class i active) after all events at every
-    instant, from sorted events ``key << shift | 2 * class + is_start``. ``events`` is
-    consumed: its own memory becomes the keys (one array of every event fewer)."""
+    """Packed key and state code (bit i set: class i active; int16 below 15 classes) after
+    all events at every instant, from sorted events ``key << shift | 2 * class +
+    is_start``. ``events`` is consumed (shifted in place into the keys): the caller drops
+    it once this returns."""
     # Narrow dtypes where the values allow: these passes are bound by memory traffic.
     # Codes below 2**15 fit in int16, and so does every running sum of toggles (a code).
     small = np.int16 if n_classes < 15 else np.int64
@@ -134,7 +135,7 @@ def state_instants(events: np.ndarray, shift: int, n_classes: int,
     key >>= shift
     last = np.ones(len(events), bool)  # last event of its instant
     last[:-1] = key[1:] != key[:-1]
-    return key[last], np.cumsum(toggles, dtype=small)[last].astype(np.int64)
+    return key[last], np.cumsum(toggles, dtype=small)[last]
 
 
 def member_concurrency(
@@ -372,9 +373,10 @@ def run_sums(
         outside = base + n_win * n_codes
         runs_of = np.stack([np.full(n_win, outside), base + w * n_codes], 1)
         sizes = np.stack([first - np.r_[0, stop[:-1]], stop - first], 1)
-        cells.append(np.repeat(np.r_[runs_of.ravel(), outside],
-                               np.r_[sizes.ravel(), len(s) - (stop[-1] if n_win else 0)])
-                     + codes[lo:hi])
+        cell = np.repeat(np.r_[runs_of.ravel(), outside],
+                         np.r_[sizes.ravel(), len(s) - (stop[-1] if n_win else 0)])
+        cell += codes[lo:hi]  # (in place: one array of the run's segments, not two)
+        cells.append(cell)
         last = stop - 1
         cut = (stop > first) & (e[last.clip(0)] > we)  # the last segment runs past the end
         fix_cell.append(base + w[cut] * n_codes + codes[lo:hi][last[cut]])
@@ -384,8 +386,12 @@ def run_sums(
         fix_cell.append(base + w[into] * n_codes + codes[lo:hi][before[into]])
         fix_len.append(np.minimum(e[before[into]], we[into]) - ws[into])
     n_runs = len(bounds) - 1
-    cell = np.concatenate(cells) if cells else np.zeros(0, np.int64)
+    # (one run, one device: its cells as they are, not a copy beside them)
+    cell = (cells[0] if len(cells) == 1 else np.concatenate(cells) if cells
+            else np.zeros(0, np.int64))
+    del cells
     table = cell_sums(cell, runs.length, n_runs * per_run)
+    del cell
     totals = table.reshape(n_runs, n_win + 1, n_codes).sum(axis=1).ravel()
     if fix_cell:
         np.add.at(table, np.concatenate(fix_cell), np.concatenate(fix_len))
@@ -445,9 +451,15 @@ class _Runs:
         # Dense codes of the values present (few: state codes), so the tables stay small.
         raw = seg[value].to_numpy()
         self.present = np.flatnonzero(np.bincount(raw)) if len(raw) else np.zeros(1, np.int64)
-        lut = np.zeros(int(self.present[-1]) + 1, np.int64)
+        # (a code per segment: int16 while they fit, a quarter of Int64's memory)
+        lut = np.zeros(int(self.present[-1]) + 1,
+                       np.int16 if len(self.present) < 1 << 15 else np.int64)
         lut[self.present] = np.arange(len(self.present))
         self.codes = lut[raw]
+
+
+#: rows per `cell_sums` bincount
+CELL_CHUNK = 1 << 22
 
 
 def cell_sums(cell: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
@@ -457,7 +469,15 @@ def cell_sums(cell: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
     # none exceeds the total); the lengths of disjoint segments add up to at most the groups'
     # spans, far below that on any real trace.
     if float(weights.sum(dtype=np.float64)) < 2.0**52:
-        return np.bincount(cell, weights=weights, minlength=n).astype(np.int64)
+        if n > CELL_CHUNK:  # a table as large as a chunk: one bincount
+            return np.bincount(cell, weights=weights, minlength=n).astype(np.int64)
+        # a chunk at a time: bincount converts its weights to float64, a copy of each chunk
+        # (not of all of them: 8 bytes per segment, ~0.14 GB on 10M kernels)
+        table = np.zeros(n, np.int64)
+        for a in range(0, len(cell), CELL_CHUNK):
+            table += np.bincount(cell[a:a + CELL_CHUNK], weights=weights[a:a + CELL_CHUNK],
+                                 minlength=n).astype(np.int64)
+        return table
     table = np.zeros(n, np.int64)
     np.add.at(table, cell, weights)
     return table
