@@ -139,7 +139,7 @@ def state_instants(events: np.ndarray, shift: int, n_classes: int,
 
 
 def member_concurrency(
-    df: pl.DataFrame,
+    df: pl.DataFrame | pl.LazyFrame,
     by: Sequence[str],
     members: Sequence[str],
     max_name: str,
@@ -160,13 +160,17 @@ def member_concurrency(
     union per member and a sweep of the unions, without sorting twice.
     """
     by, members = list(by), list(members)
-    x = df.select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
+    # (a lazy ``df`` is filtered and selected in one copy of its rows)
+    x = df.lazy().select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
+    x = x.collect()
     member, n_members = member_codes(x, [*by, *members])
     bits = max(n_members - 1, 1).bit_length()  # the member in the low bits: shifts, no division
     keys = Keys([x], by, [start, end], low=2 << bits)
     # (key, is_start, member): ends sort before starts at an instant; the level is read after
     # the instant's last event, so that order only has to be the same for every member.
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
+    keys.forget_rows()  # the rows are packed: only their group table is kept, for the output
+    del x
     # Narrow dtypes for the per-event arrays (memory traffic is the cost): a level counts
     # members, far below 2**31.
     # Memory: on a 10M-op trace each array of the events is ~190 MB; they are built and
@@ -194,11 +198,13 @@ def member_concurrency(
         level = np.cumsum(toggles, dtype=np.int32)
         del toggles
         key >>= 1 + bits
-    group = key // keys.span
-    firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(key) else key
     if not len(key):
         return keys.attach_by(pl.DataFrame(
             schema={GROUP: pl.Int64, max_name: pl.Int64, mean_name: pl.Float64}))
+    # (one group, as a trace per rank with one device: no group code per event)
+    group = None if keys.one_group else key // keys.span
+    firsts = (np.zeros(1, np.int64) if group is None
+              else np.flatnonzero(np.r_[True, group[1:] != group[:-1]]))
     # Every event opens the segment up to the next event, at the level after it. No need to
     # keep only an instant's last event: the segments between events of one instant are
     # empty (length 0), and inside an instant the level first falls (ends) then rises
@@ -206,8 +212,11 @@ def member_concurrency(
     # last segment runs into the next group: its length is set to 0.
     length = keys.lengths(key[:-1], key[1:])
     del key
-    length[group[:-1] != group[1:]] = 0
-    group = group[firsts]
+    if group is None:
+        group = np.zeros(1, np.int64)
+    else:
+        length[group[:-1] != group[1:]] = 0
+        group = group[firsts]
     # Integer sums, then one division: exactly what a group-by of n * length would give.
     # Busy time is the length of the segments with a member active; zeroing the others
     # first changes no sum of level * length (their level is 0), so both sums come from

@@ -45,7 +45,7 @@ class OverlapParams:
     per_step: bool = True  # also break states down per step when steps are known
 
 
-def _stream_concurrency(ops: pl.DataFrame) -> pl.LazyFrame:
+def _stream_concurrency(ops: pl.LazyFrame) -> pl.LazyFrame:
     """``device_id, max_stream_concurrency, mean_stream_concurrency`` (over busy time)."""
     return sweeps.member_concurrency(
         ops, ["device_id"], ["pid", "stream_id"],
@@ -106,8 +106,9 @@ def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
         .filter((pl.col("start_ns") > 0)
                 & pl.col("op_class").is_in(list(schemas.OVERLAP_CLASS_OF_OP_CLASS)))
         .select("device_id", "pid", "stream_id", "start_ns", "end_ns")
-        .collect()
     )
+    # First, from the ops' one copy, which is freed before the state sweeps below run.
+    concurrency = _stream_concurrency(ops)
     # States stay integer bit sets (cheap to group) until the tables are small. The steps
     # pass usually built them already.
     segs_df = device_segments(trace)
@@ -155,7 +156,7 @@ def run(trace: Trace, params: OverlapParams, results: Results) -> PassResult:
             .then(1 - pl.col("exposed_nccl_ns") / pl.col("nccl_ns"))
             .alias("hidden_nccl_frac"),
         )
-        .join(_stream_concurrency(ops), on="device_id", how="left")
+        .join(concurrency, on="device_id", how="left")
         .with_columns(pl.lit(tid).alias("trace_id"))
         .sort("device_id")
         .collect()
