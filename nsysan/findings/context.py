@@ -72,6 +72,10 @@ class NotApplicable(Exception):  # a control-flow signal, not an error
     existed; where the capture is reported missing says so (the baseline's memory line)."""
 
 
+#: the ``kind`` of `Context.short_gaps` (an Enum: millions of rows on a 10M-kernel trace)
+SHORT_GAP_KINDS = pl.Enum(["copy", "launch", "other", "startup", "sync"])
+
+
 @dataclass
 class Context:
     trace: Trace
@@ -288,7 +292,8 @@ class Context:
         return (tagged.with_columns(api_end.alias("_api_end"),
                                     startup.is_startup(self.startup_calls, tagged))
                 .select([pl.col("device_id").cast(pl.Int64),  # as in the gaps table
-                         "start_ns", "end_ns", "duration_ns", kind.alias("kind")]))
+                         "start_ns", "end_ns", "duration_ns",
+                         kind.cast(SHORT_GAP_KINDS).alias("kind")]))
 
     def _launch_end(self, gaps: pl.DataFrame) -> pl.Series:
         """Per gap, the earliest return of the launch calls of the ops that start exactly at
