@@ -220,3 +220,24 @@ def test_runs_within_cover_every_item_once_within_the_limit(counts, limit):
         assert sum(counts[a:b]) <= limit or b == a + 1
         if b < len(counts):
             assert sum(counts[a:b + 1]) > limit
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 1 << 40)), max_size=40),
+       st.sampled_from([1, 3, 7, 1 << 22]), st.sampled_from([10, 2]))
+def test_cell_sums_in_chunks_equal_one_exact_scatter(pairs, chunk, n):
+    """Chunked bincounts (a bounded float64 copy of the weights), one bincount when the table
+    is as large as a chunk, and the exact scatter for huge totals: the same integer sums."""
+    cell = np.array([c % n for c, _ in pairs], np.int64)
+    weights = np.array([w for _, w in pairs], np.int64)
+    want = np.zeros(n, np.int64)
+    np.add.at(want, cell, weights)
+    saved = sweeps.CELL_CHUNK
+    sweeps.CELL_CHUNK = chunk
+    try:
+        got = sweeps.cell_sums(cell, weights, n)
+        huge = sweeps.cell_sums(cell, weights << 22, n)  # totals beyond 2**52 when long
+    finally:
+        sweeps.CELL_CHUNK = saved
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert np.array_equal(huge, want << 22)

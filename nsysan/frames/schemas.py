@@ -327,21 +327,21 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
     return df.select(exprs)
 
 
-_INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
-
-
-_UINT32_RANGE = (0, (1 << 32) - 1)
-#: the integer types each narrow type takes without a check
-_FITS = {pl.Int32: (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16),
-         pl.UInt32: (pl.UInt8, pl.UInt16, pl.UInt32)}
+#: per narrow type: its range, and the integer types it takes without a check
+_NARROW = {
+    pl.Int32: ((-(1 << 31), (1 << 31) - 1), (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16)),
+    pl.UInt32: ((0, (1 << 32) - 1), (pl.UInt8, pl.UInt16, pl.UInt32)),
+}
 
 
 def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
     for name, dtype in schema.items():
         have = df.schema.get(name)
-        if dtype not in _FITS or have is None or not have.is_integer() or have in _FITS[dtype]:
+        if dtype not in _NARROW or have is None or not have.is_integer():
             continue
-        low, high = _INT32_RANGE if dtype == pl.Int32 else _UINT32_RANGE
+        (low, high), fits = _NARROW[dtype]
+        if have in fits:
+            continue
         lo, hi = df[name].min(), df[name].max()
         bad = [v for v in (lo, hi) if v is not None and not
                low <= v <= high]  # type: ignore[operator]

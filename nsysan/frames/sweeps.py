@@ -161,8 +161,8 @@ def member_concurrency(
     """
     by, members = list(by), list(members)
     # (a lazy ``df`` is filtered and selected in one copy of its rows)
-    x = df.lazy().select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
-    x = x.collect()
+    x = (df.lazy().select([*by, *members, start, end]).filter(pl.col(end) > pl.col(start))
+         .collect())
     member, n_members = member_codes(x, [*by, *members])
     bits = max(n_members - 1, 1).bit_length()  # the member in the low bits: shifts, no division
     keys = Keys([x], by, [start, end], low=2 << bits)

@@ -45,9 +45,9 @@ def pass_workers(trace: Trace) -> int:
     """How many passes may run at once on ``trace``: ``$NSYSAN_PASS_WORKERS`` when set,
     else 2 on a machine with 2+ cores and a trace of `CONCURRENT_MIN_OPS` to
     `CONCURRENT_MAX_OPS` kernels (counted from the export's table sizes), else 1."""
-    env = os.environ.get(WORKERS_ENV, "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
+    asked = _workers_asked()
+    if asked is not None:
+        return asked
     if (os.cpu_count() or 1) < 2:
         return 1
     ops = trace.meta.tables.get("CUPTI_ACTIVITY_KIND_KERNEL", 0)
@@ -59,12 +59,15 @@ def overlap_outputs(trace: Trace) -> bool:
     machine with 2+ cores, unless ``$NSYSAN_PASS_WORKERS`` asks for one thing at a time,
     and up to `CONCURRENT_MAX_OPS` kernels (above, the two transients at once would raise
     the peak memory the findings already set)."""
-    env = os.environ.get(WORKERS_ENV, "").strip()
-    if env.isdigit() and int(env) == 1:
-        return False
-    if (os.cpu_count() or 1) < 2:
+    if _workers_asked() == 1 or (os.cpu_count() or 1) < 2:
         return False
     return trace.meta.tables.at_most("CUPTI_ACTIVITY_KIND_KERNEL") <= CONCURRENT_MAX_OPS
+
+
+def _workers_asked() -> int | None:
+    """``$NSYSAN_PASS_WORKERS`` when it is a positive count, else None."""
+    env = os.environ.get(WORKERS_ENV, "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else None
 
 
 def build_workers(trace: Trace) -> int:
