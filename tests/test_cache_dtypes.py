@@ -57,3 +57,19 @@ def test_encoded_columns_survive_the_cache_with_values_outside_the_first_file(
     assert got.schema["name"] == schemas.CAT
     assert got["name"].to_list() == fresh["name"].to_list()
     assert got["style"].dtype == schemas.NVTX_STYLE
+
+
+def test_the_cache_stores_no_trace_id_and_serves_the_callers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the id is the caller's (a file renamed or opened with --trace-id), not the first run's
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    src = FIXTURES / "example_ddp.sqlite"
+    first = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()
+    folder = next((tmp_path / "frames").iterdir())
+    assert "trace_id" not in pl.read_parquet_schema(folder / "gpu_ops.parquet")
+    again = open_trace(src, cache_dir=tmp_path, frame_cache=True, trace_id="renamed")
+    got = again.frame("gpu_ops")
+    assert got.schema == schemas.GPU_OPS
+    assert got["trace_id"].unique().to_list() == ["renamed"]
+    assert_frame_equal(got.drop("trace_id"), first.drop("trace_id"))

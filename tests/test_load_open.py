@@ -67,7 +67,8 @@ def test_public_api_and_laziness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     real = tr._loader
     monkeypatch.setattr(tr, "_loader", lambda name: built.append(name) or real(name))
     first, again = tr.gpu_ops, tr.gpu_ops
-    assert first is again
+    assert_frame_equal(first, again)
+    assert tr.stored("gpu_ops") is tr.stored("gpu_ops")  # the kept frame: one object
     assert built == ["gpu_ops"]  # read on first use, then cached
 
 

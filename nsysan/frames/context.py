@@ -72,7 +72,7 @@ class AnalysisContext(Trace):
         return f"AnalysisContext({self.base!r}, products={sorted(self._values)})"
 
     def _inputs(self, product: Product[Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (*(self.frame(f) for f in product.frames), *args)
+        return (*(self.stored(f) for f in product.frames), *args)
 
     def _hit(self, name: str, inputs: tuple[Any, ...]) -> tuple[bool, Any]:
         entry = self._values.get(name)

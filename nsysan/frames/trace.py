@@ -121,11 +121,43 @@ class _PrefetchQueue:
     threads: int = 0
 
 
+#: the column every frame carries first: the trace's id (the same in every row)
+TRACE_ID = "trace_id"
+
+
+def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
+    """``frame`` as a `Trace` keeps it: without its leading ``trace_id`` column when that
+    column holds ``trace_id`` in every row (`_handed_out` adds it back).
+
+    Why: a String column of one short value still costs a 16-byte view per row once polars
+    materialises it (a sort, a join, a Parquet write, or a ``select`` with a literal does):
+    about 50M rows, 0.8 GB, across the frames of a 10M-kernel trace, for one value. The test
+    reads a constant column without materialising it."""
+    if not frame.columns or frame.columns[0] != TRACE_ID or frame.schema[TRACE_ID] != pl.String:
+        return frame
+    if not frame.select(pl.col(TRACE_ID).eq_missing(trace_id).all()).item():
+        return frame  # e.g. a notebook's frame that mixes the rows of several traces
+    return frame.drop(TRACE_ID)
+
+
+def _handed_out(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
+    """A frame kept by `_at_rest` with its ``trace_id`` column back, as polars' constant
+    column: nothing is allocated per row until a reader materialises it, and then only in
+    this copy of the frame, freed with it (the kept frame's columns are shared, not copied)."""
+    if TRACE_ID in frame.columns:
+        return frame
+    view = frame.clone()
+    view.insert_column(0, pl.lit(trace_id, dtype=pl.String).alias(TRACE_ID))
+    return view
+
+
 class Trace:
     """Canonical frames of one profile.
 
     Frames are read from the source on first access and cached, so an analysis that needs only
     ``gpu_ops`` never pays for NVTX. Every frame has exactly its schema from `schemas.CANONICAL`.
+    Each `frame` call returns a frame object of its own over the same kept columns (see
+    `_at_rest`); `stored` is the kept object, for callers that compare frames by identity.
     """
 
     def __init__(self, meta: TraceMeta, loader: FrameLoader):
@@ -158,6 +190,11 @@ class Trace:
         return self.meta.trace_id
 
     def frame(self, name: str) -> pl.DataFrame:
+        return _handed_out(self.stored(name), self.meta.trace_id)
+
+    def stored(self, name: str) -> pl.DataFrame:
+        """The frame ``name`` as this trace keeps it (built on first use): the same object
+        until it is released, without the ``trace_id`` column `frame` adds (`_at_rest`)."""
         if name not in schemas.CANONICAL and name not in schemas_host.HOST_EVIDENCE:
             raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
         frame = self._frames.get(name)
@@ -167,7 +204,7 @@ class Trace:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
             if name not in self._frames:
-                self._frames[name] = self._loader(name)
+                self._frames[name] = _at_rest(self._loader(name), self.meta.trace_id)
                 trim()  # what building it freed (`nsysan.frames.heap`)
         return self._frames[name]
 
@@ -210,7 +247,7 @@ class Trace:
                         return
                     name = queue.todo.popleft()
                 with contextlib.suppress(Exception):  # the caller's own frame() reports it
-                    self.frame(name)
+                    self.stored(name)
 
         for _ in range(start):
             try:
@@ -233,7 +270,7 @@ class Trace:
 
     def load_all(self) -> Trace:
         for name in schemas.CANONICAL:
-            self.frame(name)
+            self.stored(name)
         return self
 
     def has(self, name: str) -> bool:

@@ -82,8 +82,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
     nccl = pl.col("shortName").is_in(_nccl_ids(adapter, "starts_with")) | pl.col(
         "demangledName"
     ).is_in(_nccl_ids(adapter, "contains"))
-    out = ops.select(
-        trace_id=pl.lit(adapter.trace_id, dtype=pl.String),
+    out = ops.select(  # (trace_id: `Adapter.finish` adds it as a constant column)
         kind=enum_mapped(kind, dict(enumerate(_OP_KINDS)), schemas.GPU_OP_KIND),
         start_ns="start",
         end_ns="end",
@@ -109,7 +108,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
             schemas.OP_CLASS,
         ).fill_null("memcpy_d2d"),
     )
-    return schemas.conform(out, schemas.GPU_OPS)
+    return adapter.finish(out, schemas.GPU_OPS)
 
 def _labels(adapter: Adapter, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """The StringIds entries of the kernels' names plus the copy-kind labels (key

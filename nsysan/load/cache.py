@@ -31,7 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
-from nsysan.frames.trace import TraceMeta
+from nsysan.frames.trace import TRACE_ID, TraceMeta
 
 MIN_BYTES = 64 << 20
 #: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
@@ -40,8 +40,9 @@ MIN_BYTES = 64 << 20
 #: leaf_symbol/leaf_module Categorical; 5: cpu_samples.stack_layer instead of n_frames,
 #: thread states Categorical; 6: the text of the event frames Categorical or Enum; 7: OS ids,
 #: CPUs, launch geometry and API return values Int32; 8: CUDA device, context, stream and
-#: correlation ids Int32; 9: those ids UInt32, as CUPTI records them)
-FRAMES_REVISION = 9
+#: correlation ids Int32; 9: those ids UInt32, as CUPTI records them; 10: stored without
+#: the trace_id column, added back on load)
+FRAMES_REVISION = 10
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
@@ -107,8 +108,10 @@ def cached_loader(
                         meta.notes.append(text)
                 for name, counts in quality.items():
                     meta.quality.setdefault(name, counts)
-                if "trace_id" in df.columns:  # the id is the caller's, not the first run's
-                    df = df.with_columns(pl.lit(meta.trace_id, dtype=pl.String).alias("trace_id"))
+                # the id is the caller's, not the first run's (stored without it), and a
+                # constant column: nothing per row (`nsysan.frames.trace._at_rest`)
+                df = df.drop(TRACE_ID, strict=False)
+                df.insert_column(0, pl.lit(meta.trace_id, dtype=pl.String).alias(TRACE_ID))
                 return df
         before = set(meta.notes)
         df = build(frame)
@@ -121,7 +124,8 @@ def cached_loader(
         # passes (mostly inside polars, GIL released) can overlap. `flush` waits for it, and
         # so does interpreter exit (executor threads are joined at shutdown).
         _pending[:] = [f for f in _pending if not f.done()]
-        _pending.append(_writer().submit(_store, df, folder, frame, added))
+        _pending.append(_writer().submit(_store, df.drop(TRACE_ID, strict=False), folder, frame,
+                                         added))
         return df
 
     return load
