@@ -72,3 +72,22 @@ def test_products_are_built_once_for_the_kept_frame() -> None:
     ctx = AnalysisContext(trace)
     assert product(ctx, counted) == product(ctx, counted) == trace.gpu_ops.height
     assert len(calls) == 1
+
+
+def test_columns_without_values_are_kept_as_null_columns() -> None:
+    # (kept as polars' constant null column: its zeroed pages are never touched; readers see
+    # the same column)
+    ops = pl.DataFrame({
+        "kind": ["kernel", "memcpy"], "start_ns": [1, 2], "end_ns": [2, 3],
+        "device_id": [0, 0], "bytes": [None, 64],
+    })
+    trace = Trace.from_frames("t", {"gpu_ops": ops})
+    want = schemas.conform(ops.with_columns(pl.lit("t").alias(TRACE_ID)), schemas.GPU_OPS)
+    got = trace.frame("gpu_ops")
+    assert_frame_equal(got, want)
+    assert got["graph_node_id"].dtype == pl.Int64 and got["graph_node_id"].null_count() == 2
+    assert got["bytes"].to_list() == [None, 64]
+    assert got["copy_kind"].dtype == schemas.GPU_OPS["copy_kind"]
+    sorted_back = got.sort("start_ns", descending=True)  # a reader's own work on it
+    assert sorted_back["graph_node_id"].to_list() == [None, None]
+    assert_frame_equal(trace.frame("gpu_ops"), want)

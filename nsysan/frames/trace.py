@@ -127,17 +127,25 @@ TRACE_ID = "trace_id"
 
 def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     """``frame`` as a `Trace` keeps it: without its leading ``trace_id`` column when that
-    column holds ``trace_id`` in every row (`_handed_out` adds it back).
+    column holds ``trace_id`` in every row (`_handed_out` adds it back), and every column
+    that holds only nulls as polars' constant null column.
 
     Why: a String column of one short value still costs a 16-byte view per row once polars
     materialises it (a sort, a join, a Parquet write, or a ``select`` with a literal does):
     about 50M rows, 0.8 GB, across the frames of a 10M-kernel trace, for one value. The test
-    reads a constant column without materialising it."""
-    if not frame.columns or frame.columns[0] != TRACE_ID or frame.schema[TRACE_ID] != pl.String:
+    reads a constant column without materialising it. A column read from the export with no
+    value (``graph_node_id`` where graphs were not traced, NVTX ``category`` and
+    ``payload_json`` on most traces) held zeros and a validity mask, 8-16 bytes a row; a
+    null column polars makes allocates zeroed pages that are never touched."""
+    if frame.columns and frame.columns[0] == TRACE_ID and frame.schema[TRACE_ID] == pl.String \
+            and frame.select(pl.col(TRACE_ID).eq_missing(trace_id).all()).item():
+        frame = frame.drop(TRACE_ID)  # (not when a notebook's frame mixes several traces')
+    if frame.is_empty():
         return frame
-    if not frame.select(pl.col(TRACE_ID).eq_missing(trace_id).all()).item():
-        return frame  # e.g. a notebook's frame that mixes the rows of several traces
-    return frame.drop(TRACE_ID)
+    counts = frame.select(pl.all().null_count()).row(0)
+    empty = [c for c, n in zip(frame.columns, counts, strict=True) if n == frame.height]
+    return frame.with_columns(pl.lit(None, dtype=frame.schema[c]).alias(c) for c in empty) \
+        if empty else frame
 
 
 def _handed_out(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
