@@ -289,6 +289,35 @@ def test_prefetch_first_goes_ahead_of_the_waiting_frames() -> None:
     assert most[0] == 4 and sorted(order[:4]) == ["cpu_samples", "gpu_ops", "nvtx", "sched"]
 
 
+def test_release_takes_waiting_frames_off_the_prefetch_queue() -> None:
+    """A released trace is not built again behind the caller's back: frames no prefetch
+    thread took yet are dropped from the queue (a job releases each rank's frames)."""
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def loader(name: str) -> pl.DataFrame:
+        calls.append(name)
+        gate.wait(5)
+        return schemas.empty(schemas.CANONICAL[name])
+
+    trace = _trace(loader)
+    trace.prefetch(["gpu_ops", "nvtx", "cuda_api", "sync"], workers=1)
+    for _ in range(1000):  # until the one thread took gpu_ops
+        if calls:
+            break
+        threading.Event().wait(0.005)
+    trace.release(["cuda_api"])
+    assert list(trace._prefetching.todo) == ["nvtx", "sync"]
+    trace.release()  # everything: the waiting frames too
+    assert not trace._prefetching.todo
+    gate.set()
+    _wait_for_prefetch(trace)
+    assert calls == ["gpu_ops"]  # the build under way ended (and is kept); nothing else
+    assert "gpu_ops" in trace._frames
+    trace.frame("nvtx")  # asked for later: built then
+    assert calls == ["gpu_ops", "nvtx"]
+
+
 def test_frame_builds_are_bounded_above_the_concurrency_limit() -> None:
     """Four frames at once on a trace of up to `CONCURRENT_MAX_OPS` kernels, two above it."""
     from nsysan.frames.trace import TableCounts
@@ -369,3 +398,13 @@ def test_content_sort_in_place_equals_content_sort(seed: int) -> None:
     out = content_sort_in_place(own, ["t", "u"], descending=descending, ties=ties)
     assert out.equals(expected) and own.equals(expected)
     assert chunked.equals(df)
+
+
+def test_a_frame_released_while_it_is_built_is_still_returned(monkeypatch) -> None:
+    """A `release` from another thread between the build and the return (here: inside the
+    heap trim that follows the build) does not turn the caller's request into a KeyError."""
+    import nsysan.frames.trace as trace_module
+
+    trace = _trace(lambda name: schemas.empty(schemas.CANONICAL[name]))
+    monkeypatch.setattr(trace_module, "trim", lambda: trace.release(["gpu_ops"]))
+    assert trace.frame("gpu_ops").schema == schemas.GPU_OPS

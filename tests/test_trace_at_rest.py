@@ -48,7 +48,10 @@ def test_frames_that_mix_trace_ids_keep_their_column() -> None:
     })
     trace = Trace.from_frames("a", {"gpu_ops": ops})
     assert trace.stored("gpu_ops")[TRACE_ID].to_list() == ["a", "b", None]
-    assert trace.frame("gpu_ops")[TRACE_ID].to_list() == ["a", "b", None]
+    mine = trace.frame("gpu_ops")
+    assert mine[TRACE_ID].to_list() == ["a", "b", None]
+    mine.drop_in_place("name")  # still the reader's own frame
+    assert "name" in trace.stored("gpu_ops").columns
     # a null is no match for the id (the test compares nulls as values)
     only_id = Trace.from_frames("a", {"gpu_ops": ops.with_columns(
         pl.Series(TRACE_ID, ["a", "a", None]))})

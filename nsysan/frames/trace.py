@@ -131,7 +131,7 @@ def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     that holds only nulls as polars' constant null column.
 
     Why: a String column of one short value still costs a 16-byte view per row once polars
-    materialises it (a sort, a join, a Parquet write, or a ``select`` with a literal does):
+    materialises it (a join, a Parquet write, or a ``select`` with a literal does):
     about 50M rows, 0.8 GB, across the frames of a 10M-kernel trace, for one value. The test
     reads a constant column without materialising it. A column read from the export with no
     value (``graph_node_id`` where graphs were not traced, NVTX ``category`` and
@@ -151,11 +151,12 @@ def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
 def _handed_out(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     """A frame kept by `_at_rest` with its ``trace_id`` column back, as polars' constant
     column: nothing is allocated per row until a reader materialises it, and then only in
-    this copy of the frame, freed with it (the kept frame's columns are shared, not copied)."""
-    if TRACE_ID in frame.columns:
-        return frame
+    this copy of the frame, freed with it (the kept frame's columns are shared, not copied).
+    A frame that kept its column (ids of several traces, or a rank view's parent id) is
+    handed out as a copy too: every reader has a frame object of its own."""
     view = frame.clone()
-    view.insert_column(0, pl.lit(trace_id, dtype=pl.String).alias(TRACE_ID))
+    if TRACE_ID not in frame.columns:
+        view.insert_column(0, pl.lit(trace_id, dtype=pl.String).alias(TRACE_ID))
     return view
 
 
@@ -211,10 +212,12 @@ class Trace:
         with self._locks_guard:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
-            if name not in self._frames:
-                self._frames[name] = _at_rest(self._loader(name), self.meta.trace_id)
+            frame = self._frames.get(name)
+            if frame is None:
+                frame = _at_rest(self._loader(name), self.meta.trace_id)
+                self._frames[name] = frame
                 trim()  # what building it freed (`nsysan.frames.heap`)
-        return self._frames[name]
+        return frame  # (not read back: a `release` in another thread may have dropped it)
 
     def prefetch(self, names: Iterable[str], workers: int = 2, *, first: bool = False) -> None:
         """Start building ``names`` in background threads, in the given order.
@@ -265,13 +268,20 @@ class Trace:
                     queue.threads -= 1
 
     def release(self, names: Iterable[str] | None = None) -> None:
-        """Forget the built frames ``names`` (all by default): a later `frame` builds them
-        again. For callers that go through many traces one after another (a job of many
-        ranks) and must not hold every trace's frames at once."""
+        """Forget the frames ``names`` (all by default): built ones are dropped and those
+        still waiting for a prefetch thread are taken off its queue (a build already under
+        way ends, and is kept); a later `frame` builds them again. For callers that go
+        through many traces one after another (a job of many ranks) and must not hold every
+        trace's frames at once."""
         with self._locks_guard:
-            for name in list(self._frames) if names is None else list(names):
+            todo = self._prefetching.todo
+            drop = set(self._frames) | self._queued if names is None else set(names)
+            for name in drop:
                 self._frames.pop(name, None)
                 self._queued.discard(name)
+            waiting = [n for n in todo if n not in drop]
+            todo.clear()
+            todo.extend(waiting)
 
     def lazy(self, name: str) -> pl.LazyFrame:
         return self.frame(name).lazy()
