@@ -94,3 +94,21 @@ def test_columns_without_values_are_kept_as_null_columns() -> None:
     sorted_back = got.sort("start_ns", descending=True)  # a reader's own work on it
     assert sorted_back["graph_node_id"].to_list() == [None, None]
     assert_frame_equal(trace.frame("gpu_ops"), want)
+
+
+def test_integer_columns_of_one_value_are_handed_out_unchanged() -> None:
+    # one process: global_pid and context_id the same in every row (kept as constant
+    # columns); device_id too, but the passes read it row by row (kept as it is)
+    ops = pl.DataFrame({
+        "kind": ["kernel"] * 3, "start_ns": [3, 1, 2], "end_ns": [4, 2, 3],
+        "global_pid": [7 << 24] * 3, "pid": [7] * 3, "device_id": [0] * 3,
+        "context_id": [1] * 3, "stream_id": [7, 7, 9], "correlation_id": [5, 6, 7],
+    })
+    trace = Trace.from_frames("t", {"gpu_ops": ops})
+    want = schemas.conform(ops.with_columns(pl.lit("t").alias(TRACE_ID)), schemas.GPU_OPS)
+    got = trace.frame("gpu_ops")
+    assert_frame_equal(got, want)
+    assert_frame_equal(got.sort("start_ns"), want.sort("start_ns"))
+    assert_frame_equal(pl.concat([got, got.filter(pl.col("stream_id") == 9)]),
+                       pl.concat([want, want.filter(pl.col("stream_id") == 9)]))
+    assert got.group_by("context_id").agg(pl.len()).rows() == [(1, 3)]
