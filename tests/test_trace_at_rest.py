@@ -112,3 +112,9 @@ def test_integer_columns_of_one_value_are_handed_out_unchanged() -> None:
     assert_frame_equal(pl.concat([got, got.filter(pl.col("stream_id") == 9)]),
                        pl.concat([want, want.filter(pl.col("stream_id") == 9)]))
     assert got.group_by("context_id").agg(pl.len()).rows() == [(1, 3)]
+
+
+def test_an_unknown_frame_names_every_known_one() -> None:
+    trace = Trace.from_frames("t", {})
+    with pytest.raises(KeyError, match=r"gpu_ops.*cpu_samples"):
+        trace.frame("gpu_op")

@@ -225,7 +225,8 @@ class Trace:
         """The frame ``name`` as this trace keeps it (built on first use): the same object
         until it is released, without the ``trace_id`` column `frame` adds (`_at_rest`)."""
         if name not in schemas.CANONICAL and name not in schemas_host.HOST_EVIDENCE:
-            raise KeyError(f"unknown frame {name!r}; known: {', '.join(schemas.CANONICAL)}")
+            known = [*schemas.CANONICAL, *schemas_host.HOST_EVIDENCE]
+            raise KeyError(f"unknown frame {name!r}; known: {', '.join(known)}")
         frame = self._frames.get(name)
         if frame is not None:
             return frame
