@@ -132,7 +132,9 @@ def _trace(loader) -> Trace:
     return Trace(meta, loader)
 
 
-def test_a_frame_is_built_once_however_many_threads_ask() -> None:
+def _gated_loader():
+    """A loader that records the frames it builds and holds each build until ``gate`` is
+    set: (loader, names built, gate)."""
     calls: list[str] = []
     gate = threading.Event()
 
@@ -141,6 +143,19 @@ def test_a_frame_is_built_once_however_many_threads_ask() -> None:
         gate.wait(5)
         return schemas.empty(schemas.CANONICAL[name])
 
+    return loader, calls, gate
+
+
+def _until_built(order: list[str]) -> None:
+    """Wait (at most 5 s) until the one prefetch thread took its first frame."""
+    for _ in range(1000):
+        if order:
+            return
+        threading.Event().wait(0.005)
+
+
+def test_a_frame_is_built_once_however_many_threads_ask() -> None:
+    loader, calls, gate = _gated_loader()
     trace = _trace(loader)
     trace.prefetch(["gpu_ops"])
     threads = [threading.Thread(target=trace.frame, args=("gpu_ops",)) for _ in range(3)]
@@ -272,10 +287,7 @@ def test_prefetch_first_goes_ahead_of_the_waiting_frames() -> None:
     loader, most, order = _recording_loader(0.1)
     trace = _trace(loader)
     trace.prefetch(["gpu_ops", "nvtx", "cuda_api", "sync"], workers=1)
-    for _ in range(1000):  # until the one thread took gpu_ops
-        if order:
-            break
-        threading.Event().wait(0.005)
+    _until_built(order)  # the one thread took gpu_ops
     trace.prefetch(["cpu_samples", "sched"], workers=1, first=True)
     _wait_for_prefetch(trace)
     assert order == ["gpu_ops", "cpu_samples", "sched", "nvtx", "cuda_api", "sync"]
@@ -292,20 +304,10 @@ def test_prefetch_first_goes_ahead_of_the_waiting_frames() -> None:
 def test_release_takes_waiting_frames_off_the_prefetch_queue() -> None:
     """A released trace is not built again behind the caller's back: frames no prefetch
     thread took yet are dropped from the queue (a job releases each rank's frames)."""
-    calls: list[str] = []
-    gate = threading.Event()
-
-    def loader(name: str) -> pl.DataFrame:
-        calls.append(name)
-        gate.wait(5)
-        return schemas.empty(schemas.CANONICAL[name])
-
+    loader, calls, gate = _gated_loader()
     trace = _trace(loader)
     trace.prefetch(["gpu_ops", "nvtx", "cuda_api", "sync"], workers=1)
-    for _ in range(1000):  # until the one thread took gpu_ops
-        if calls:
-            break
-        threading.Event().wait(0.005)
+    _until_built(calls)  # the one thread took gpu_ops
     trace.release(["cuda_api"])
     assert list(trace._prefetching.todo) == ["nvtx", "sync"]
     trace.release()  # everything: the waiting frames too

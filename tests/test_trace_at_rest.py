@@ -12,7 +12,7 @@ from polars.testing import assert_frame_equal
 
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.context import AnalysisContext, Product, product
-from nsysan.frames.trace import TRACE_ID, Trace
+from nsysan.frames.trace import TRACE_ID, Trace, _constant_columns
 from nsysan.load import open_trace
 
 FIXTURES = REPO_ROOT / "fixtures"
@@ -106,6 +106,12 @@ def test_integer_columns_of_one_value_are_handed_out_unchanged() -> None:
     })
     trace = Trace.from_frames("t", {"gpu_ops": ops})
     want = schemas.conform(ops.with_columns(pl.lit("t").alias(TRACE_ID)), schemas.GPU_OPS)
+    # which columns are kept as constants (the null ones too; not the keys read per row)
+    constants = _constant_columns(want.drop(TRACE_ID))
+    assert {c: v for c, v in constants.items() if v is not None} == {
+        "global_pid": 7 << 24, "context_id": 1}
+    assert "graph_node_id" in constants and "device_id" not in constants
+    assert "pid" not in constants and "stream_id" not in constants
     got = trace.frame("gpu_ops")
     assert_frame_equal(got, want)
     assert_frame_equal(got.sort("start_ns"), want.sort("start_ns"))

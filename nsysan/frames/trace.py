@@ -152,11 +152,20 @@ def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     if frame.columns and frame.columns[0] == TRACE_ID and frame.schema[TRACE_ID] == pl.String \
             and frame.select(pl.col(TRACE_ID).eq_missing(trace_id).all()).item():
         frame = frame.drop(TRACE_ID)  # (not when a notebook's frame mixes several traces')
+    constants = _constant_columns(frame)
+    return frame.with_columns(pl.lit(v, dtype=frame.schema[c]).alias(c)
+                              for c, v in constants.items()) if constants else frame
+
+
+def _constant_columns(frame: pl.DataFrame) -> dict[str, Any]:
+    """The columns `_at_rest` keeps as constants, with their value: those holding only
+    nulls (None), and the integer columns outside `_READ_PER_ROW` holding one value in
+    every row. None of a frame without rows (nothing to save)."""
     if frame.is_empty():
-        return frame
+        return {}
     counts = frame.select(pl.all().null_count()).row(0)
-    constants = {c: None for c, n in zip(frame.columns, counts, strict=True)
-                 if n == frame.height}
+    constants: dict[str, Any] = {c: None for c, n in zip(frame.columns, counts, strict=True)
+                                 if n == frame.height}
     full = [c for c, n in zip(frame.columns, counts, strict=True)
             if n == 0 and c not in _READ_PER_ROW and frame.schema[c].is_integer()]
     if full:  # (one pass over these columns for their least and greatest values)
@@ -164,8 +173,7 @@ def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
                               *(pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(full)))
         low, high = bounds.row(0)[:len(full)], bounds.row(0)[len(full):]
         constants |= {c: lo for c, lo, hi in zip(full, low, high, strict=True) if lo == hi}
-    return frame.with_columns(pl.lit(v, dtype=frame.schema[c]).alias(c)
-                              for c, v in constants.items()) if constants else frame
+    return constants
 
 
 def _handed_out(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
