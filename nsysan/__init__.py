@@ -1,5 +1,10 @@
 """nsysan: what is the GPU waiting for? Analysis of NVIDIA Nsight Systems profiles."""
 
+from nsysan.allocator import tune_polars_allocator
+
+tune_polars_allocator()  # before the imports below import polars (`nsysan.allocator`)
+# ruff: noqa: E402 (the imports below must follow that call)
+
 from nsysan._version import __version__ as __version__
 from nsysan.api import AnalysisResult as AnalysisResult
 from nsysan.api import analyze as analyze

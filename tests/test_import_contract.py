@@ -1,6 +1,6 @@
 """The layers of nsysan import downwards only (issue 17; docs/architecture.md):
 
-    core (errors, escape, _version, model) < testing < frames < load < passes < findings
+    core (errors, escape, _version, model, allocator) < testing < frames < load < passes < findings
     < report < api < batch < multirank < compare < evaluation < nsysan (the package facade)
     < cli
 
@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nsysan"
 #: layer of a module: the first component below ``nsysan`` (a module's own name for top-level
 #: modules), mapped to a rank; two layers of one rank may not import each other
 RANK = {
-    "errors": 0, "escape": 0, "_version": 0, "model": 0,
+    "errors": 0, "escape": 0, "_version": 0, "model": 0, "allocator": 0,
     "testing": 1,
     "frames": 2,
     "load": 3,
