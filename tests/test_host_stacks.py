@@ -240,6 +240,35 @@ def test_read_where_returns_exactly_the_matching_rows(
     source.close()
 
 
+@pytest.mark.parametrize("expected", [None, 1, 4, 10_000])
+@pytest.mark.parametrize("where", [
+    ((Cond("stackDepth", "==", 0),),),
+    ((Cond("stackDepth", "==", 0),), (Cond("id", "is_null"),), (Cond("stackDepth", "is_null"),)),
+    ((Cond("id", "in", [1, 3, 5, 999]), Cond("stackDepth", ">", 0)),),
+])
+def test_a_big_read_into_sized_buffers_returns_the_same_rows(
+        tmp_path: Path, where, expected: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read of a big table through pyarrow's reader, batch by batch into buffers sized
+    for ``expected_rows`` (too few: they grow; too many: cut to size), returns the rows (NULL
+    keys included) that the plain read returns."""
+    monkeypatch.setattr(sqlite, "FILTERED_ARROW_MIN_ROWS", 0)  # every table counts as big
+    monkeypatch.setattr(sqlite.sqlite_bulk, "BATCH_ROWS", 3)
+    path = _builder().write(tmp_path / "t.sqlite")
+    rows, _ = _chains(path)
+    _rewrite_callchains(path, [*rows, (None, 1, 1, 0), (3, 2, 2, None)])
+    filled = []
+    read_numbers = sqlite.sqlite_bulk.read_numbers
+    monkeypatch.setattr(sqlite.sqlite_bulk, "read_numbers",
+                        lambda *a: filled.append(a[-1]) or read_numbers(*a))
+    source = sqlite.SqliteSource(path)
+    got = source.read_where("SAMPLING_CALLCHAINS", COLUMNS, where, expected_rows=expected)
+    assert filled == ([] if expected is None else [expected])  # (not the row path)
+    assert got.schema == dict.fromkeys(COLUMNS, pl.Int64())
+    assert sorted(got.rows(), key=_key) == sorted(_brute(
+        [*rows, (None, 1, 1, 0), (3, 2, 2, None)], where), key=_key)
+    source.close()
+
+
 @pytest.mark.shared
 def test_parquetdir_read_where_equals_sqlite(shared_traces: Path) -> None:
     from nsysan.load.parquetdir import ParquetDirSource
@@ -267,3 +296,30 @@ def test_shuffled_callchains_give_the_same_summary(tmp_path: Path) -> None:
     shutil.copy(path, other)
     _rewrite_callchains(other, rows, constraints=True)
     assert _summary(other).rows() == want
+
+
+@pytest.mark.parametrize("order", ["increasing", "shuffled", "duplicated"])
+def test_samples_take_their_summary_row_as_a_left_join_would(order: str) -> None:
+    """`_with_summary` (a binary search when the summary's ids increase, else a join) gives
+    exactly the left join on ``id``: samples without a call chain get nulls, a summary row
+    without a sample is dropped, the samples keep their order."""
+    from nsysan.load.adapters_samples import _with_summary
+
+    rng = random.Random(7)
+    ids = list(range(1, 400))
+    keys = sorted(rng.sample(range(-5, 420), 200))  # some ids no sample has, some missing
+    if order == "shuffled":
+        rng.shuffle(keys)
+    elif order == "duplicated":  # a join repeats the sample for each match
+        keys = sorted([*keys, keys[10], keys[50]])
+    samples = pl.DataFrame({"id": [*rng.sample(ids, len(ids)), 7, 7],
+                            "time": list(range(len(ids) + 2))})
+    summary = pl.DataFrame({
+        "id": keys,
+        "leaf_symbol": pl.Series([f"s{k % 13}" for k in keys], dtype=pl.Categorical),
+        "stack_layer": pl.Series(["os" if k % 3 else None for k in keys]),
+    })
+    got = _with_summary(samples, summary)
+    want = samples.join(summary, on="id", how="left", maintain_order="left")
+    assert got.equals(want)
+    assert got.schema == want.schema

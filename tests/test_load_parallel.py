@@ -402,6 +402,97 @@ def test_content_sort_in_place_equals_content_sort(seed: int) -> None:
     assert chunked.equals(df)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_content_sort_in_place_of_a_frame_sorted_by_its_first_key(seed: int) -> None:
+    """A frame already in first-key order (CPU samples by time) has only its runs of equal
+    first keys sorted: the result is `content_sort`'s, with ties, nulls and text in the
+    other keys and columns."""
+    import numpy as np
+
+    from nsysan.frames.order import _runs_order, content_sort, content_sort_in_place
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 300))
+    df = pl.DataFrame({
+        "t": np.sort(rng.integers(0, n // 3 + 2, n)),
+        "u": pl.Series(rng.integers(0, 3, n)).set(pl.Series(rng.random(n) < 0.2), None),
+        "name": pl.Series(rng.choice(["b", "a", "c", "aa"], n)).cast(pl.Categorical()),
+        "v": rng.integers(0, 2, n),
+    })
+    cut = int(rng.integers(1, n))
+    chunked = pl.concat([df[:cut], df[cut:]], rechunk=False)
+    ties = None if seed % 3 else ["t", "u", "name"]
+    runs = _runs_order(chunked, ["t", "u"])  # the path this frame takes
+    assert runs is not None and runs.to_list() == chunked.select(pl.arg_sort_by(
+        "t", "u", nulls_last=False, maintain_order=True)).to_series().to_list()
+    expected = content_sort(df, ["t", "u"], ties=ties)
+    out = content_sort_in_place(chunked.clone(), ["t", "u"], ties=ties)
+    assert out.equals(expected)
+
+
+@pytest.mark.parametrize("slice_rows", [1, 2, 3, 7, 1 << 20])
+def test_strictly_increasing_matches_a_sort_check(slice_rows: int, monkeypatch) -> None:
+    """`strictly_increasing` says True exactly when the rows are in strictly increasing
+    ascending key order with no null key, whatever the slices it tests them in: a step
+    down or a tie at a slice boundary is found."""
+    import itertools
+
+    import numpy as np
+
+    from nsysan.frames import order
+
+    monkeypatch.setattr(order, "INCREASING_SLICE", slice_rows)
+    rng = np.random.default_rng(slice_rows)
+    base = pl.DataFrame({"t": [1, 1, 2, 2, 3, 5, 5, 9], "g": [1, 2, 1, 3, 0, 4, 6, 0],
+                         "s": list(range(8))})
+
+    def reference(df: pl.DataFrame) -> bool:
+        if df.select(pl.any_horizontal(pl.all().is_null().any())).item():
+            return False
+        rows = df.rows()
+        return all(a < b for a, b in itertools.pairwise(rows))
+
+    cases = [base, base.head(1), base.head(0), base.with_columns(s=pl.lit(0)), base.reverse()]
+    for at in range(1, 8):  # a step down at every position (slice boundaries included)
+        cases.append(base.with_columns(pl.Series("t", [*base["t"][:at], 0, *base["t"][at + 1:]])))
+        cases.append(base.with_columns(s=pl.Series([*range(at), at - 1, *range(at + 1, 8)])))
+    cases.append(base.with_columns(pl.Series("g", [1, None, 1, 3, 0, 4, 6, 0])))
+    for _ in range(20):
+        n = int(rng.integers(0, 12))
+        cases.append(pl.DataFrame({"t": np.sort(rng.integers(0, 4, n)),
+                                   "g": rng.integers(0, 3, n), "s": rng.integers(0, 3, n)}))
+    for df in cases:
+        assert order.strictly_increasing(df, ["t", "g", "s"]) == reference(df), df
+    # comparisons, not differences: no wrap-around at the ends of the type
+    for dtype, values in ((pl.Int8, [127, -128]), (pl.Int64, [2**63 - 1, -2]),
+                          (pl.UInt64, [2**64 - 1, 0])):
+        wrapped = pl.DataFrame({"t": pl.Series(values, dtype=dtype), "g": [0, 0], "s": [0, 1]})
+        assert not order.strictly_increasing(wrapped, ["t", "g", "s"])  # as the first key
+        assert not order.strictly_increasing(wrapped, ["g", "t"])  # as a later key
+    for not_integers in (base.with_columns(pl.col("g").cast(pl.String)),
+                         base.with_columns(pl.col("g").cast(pl.Float64))):
+        assert not order.strictly_increasing(not_integers, ["t", "g"])  # not tested
+
+
+def test_content_sort_in_place_leaves_an_ordered_frame_as_it_is() -> None:
+    """The fast path: a frame already in strictly increasing key order keeps its column
+    buffers (no gather copied them), and is what `content_sort` gives; a frame out of order
+    is sorted into new ones."""
+    from nsysan.frames.order import content_sort, content_sort_in_place
+
+    def buffer(df: pl.DataFrame) -> int:
+        return df["x"]._get_buffer_info()[0]
+
+    ordered = pl.DataFrame({"t": [1, 1, 2], "g": [1, 2, 0], "x": [30, 10, 20]})
+    expected, before = content_sort(ordered, ["t", "g"]), buffer(ordered)
+    out = content_sort_in_place(ordered, ["t", "g"])
+    assert out.equals(expected) and buffer(out) == before
+    shuffled = ordered.reverse()
+    before = buffer(shuffled)
+    out = content_sort_in_place(shuffled, ["t", "g"])
+    assert out.equals(expected) and buffer(out) != before
+
+
 def test_a_frame_released_while_it_is_built_is_still_returned(monkeypatch) -> None:
     """A `release` from another thread between the build and the return (here: inside the
     heap trim that follows the build) does not turn the caller's request into a KeyError."""

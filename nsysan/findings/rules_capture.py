@@ -43,7 +43,7 @@ def nvtx_missing(ctx: Context) -> list[Finding]:
                   "the code")
         n = 0
     else:
-        n = ctx.trace.frame("nvtx").filter(pl.col("style") != "mark").height
+        n = ctx.trace.frame("nvtx").select((pl.col("style") != "mark").sum()).item()
         if n:
             return []
         reason = "the application emitted no NVTX ranges (NVTX was traced)"
@@ -55,8 +55,8 @@ def nvtx_missing(ctx: Context) -> list[Finding]:
 def nvtx_low_coverage(ctx: Context) -> list[Finding]:
     """NVTX_LOW_COVERAGE: share of GPU busy time inside any range."""
     p = ctx.params
-    if not ctx.trace.has("nvtx") or ctx.trace.frame("nvtx").filter(
-            pl.col("style") != "mark").is_empty():
+    if not ctx.trace.has("nvtx") or not ctx.trace.frame("nvtx").select(
+            (pl.col("style") != "mark").any()).item():
         raise NotEvaluated("the profile has no NVTX ranges")
     layers = ctx.need_table("layers")
     coverage = float(layers["exclusive_frac"].fill_null(0).sum()) if layers.height else 0.0
@@ -95,9 +95,12 @@ def graphs_without_nodes(ctx: Context) -> list[Finding]:
     # the null count is metadata: when graph nodes were traced the API scan is skipped
     if ops["graph_node_id"].null_count() < ops.height:
         return []
-    # prefix tests on the distinct API names
-    launches = api.filter(per_value(api, "name", pl.any_horizontal(
-        [pl.col("name").str.starts_with(p) for p in _GRAPH_LAUNCH_PREFIXES])))
+    # prefix tests on the distinct API names (filtered inside a select: a filter of the whole
+    # frame would expand its constant columns to every call, `nsysan.frames.trace`; every
+    # column is kept, since the evidence ranks ties by them)
+    is_launch = per_value(api, "name", pl.any_horizontal(
+        [pl.col("name").str.starts_with(p) for p in _GRAPH_LAUNCH_PREFIXES]))
+    launches = api.select(pl.all().filter(is_launch))
     if launches.is_empty():
         return []
     metrics = [
@@ -114,7 +117,8 @@ def graphs_without_nodes(ctx: Context) -> list[Finding]:
 def nvtx_unterminated(ctx: Context) -> list[Finding]:
     """NVTX_UNTERMINATED: ranges that never ended."""
     nvtx = ctx.need_frame("nvtx")
-    bad = nvtx.filter(pl.col("unterminated").fill_null(False))
+    bad = nvtx.select("name", "start_ns", "unterminated").filter(
+        pl.col("unterminated").fill_null(False))
     if bad.is_empty():
         return []
     by = ranked(bad.group_by("name").agg(pl.len(), pl.col("start_ns").min()), "len",

@@ -245,8 +245,10 @@ def memory_churn(ctx: Context) -> list[Finding]:
     win = ctx.count_window
     if win is None:
         raise NotEvaluated("no GPU activity in the trace")
-    # the class test first: the name regex then runs on allocation calls only
-    mallocs = api.filter(pl.col("api_class") == "malloc")
+    # the class test first: the name regex then runs on allocation calls only (inside a
+    # select: a filter of the whole frame would expand its constant columns to every call,
+    # `nsysan.frames.trace`; every column is kept, since the evidence ranks ties by them)
+    mallocs = api.select(pl.all().filter(pl.col("api_class") == "malloc"))
     calls = ctx.in_window(mallocs.filter(
         ~per_value(mallocs, "name", pl.col("name").str.contains("(?i)async"))), win)
     if calls.is_empty():

@@ -148,7 +148,13 @@ def _at_rest(frame: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     ``payload_json`` on most traces) held zeros and a validity mask, 8-16 bytes a row; a
     null column polars makes allocates zeroed pages that are never touched. One rank's
     profile holds one process: its ``global_pid`` alone was 8 bytes a row of gpu_ops,
-    cuda_api, nvtx and sync."""
+    cuda_api, nvtx and sync.
+
+    For readers: polars (1.44) expands every constant column of a frame to one value per
+    row when the whole frame is filtered, joined or sorted, even when no row is kept (28
+    bytes a call of cuda_api: 0.5 GB at 10M kernels, for a filter that kept nothing).
+    Select the columns a step reads first, then filter; ``select(pl.all().filter(...))``
+    expands only the rows it keeps."""
     if frame.columns and frame.columns[0] == TRACE_ID and frame.schema[TRACE_ID] == pl.String \
             and frame.select(pl.col(TRACE_ID).eq_missing(trace_id).all()).item():
         frame = frame.drop(TRACE_ID)  # (not when a notebook's frame mixes several traces')

@@ -31,11 +31,15 @@ import polars as pl
 
 from nsysan.frames import host_taxonomy as ht
 from nsysan.frames import schemas
+from nsysan.frames.order import strictly_increasing
+from nsysan.frames.trace import TableCounts
 from nsysan.load.adapters import Adapter
 from nsysan.load.quality import FrameQuality
 from nsysan.load.source import Cond
 
 CALLCHAINS_TABLE = "SAMPLING_CALLCHAINS"
+#: the samples table: one leaf frame per row (at most)
+SAMPLES_TABLE = "COMPOSITE_EVENTS"
 #: the columns of the call-chain table a summary reads
 COLUMNS = ["id", "stackDepth", "symbol", "module"]
 SUMMARY = pl.Schema({
@@ -93,7 +97,12 @@ def _filtered_summary(adapter: Adapter) -> pl.DataFrame | None:
                 if c not in getattr(source, "not_null", lambda _t: set())(CALLCHAINS_TABLE)]
     leaf_or_null = ((Cond("stackDepth", "==", 0),),
                     *((Cond(c, "is_null"),) for c in nullable))
-    rows = read_where(CALLCHAINS_TABLE, COLUMNS, leaf_or_null)
+    # (one leaf per sample: the samples table's size sizes the read's buffers; `at_most`
+    # does not wait for the exact counts, which take seconds on a big cold file)
+    tables = source.tables()
+    samples = (tables.at_most(SAMPLES_TABLE) if isinstance(tables, TableCounts)
+               else tables.get(SAMPLES_TABLE, 0))
+    rows = read_where(CALLCHAINS_TABLE, COLUMNS, leaf_or_null, expected_rows=samples or None)
     if _type_issues(source):
         return None
     invalid = rows["id"].is_null() | rows["stackDepth"].is_null()
@@ -170,7 +179,7 @@ def _first_by_content(adapter: Adapter, rows: pl.DataFrame, keys: list[str]) -> 
     """One row per ``keys`` of ``rows`` (``id, stackDepth, symbol, module`` keys), sorted by
     ``id``: where several rows share the keys, the first by the text of their symbol, then
     module (nulls first), as `content_sort` orders call-stack frames."""
-    if not _strictly_increasing(rows, keys):
+    if not strictly_increasing(rows, keys):
         rows = rows.sort(keys)
         tied = rows.select(pl.struct(keys).is_duplicated()).to_series()
         if tied.any():
@@ -182,25 +191,6 @@ def _first_by_content(adapter: Adapter, rows: pl.DataFrame, keys: list[str]) -> 
                 keys, keep="first", maintain_order=True)
             rows = pl.concat([rows.filter(~tied), ties.drop("_sym", "_mod")]).sort(keys)
     return rows
-
-
-def _strictly_increasing(rows: pl.DataFrame, keys: list[str]) -> bool:
-    """True when ``rows`` are in strictly increasing ``keys`` order (as a scan of nsys' call
-    chains returns them): then there is nothing to sort and no tie. Checked with
-    comparisons to the previous row, cheaper than one sort."""
-    if rows.height < 2:
-        return True
-    if rows.select(pl.any_horizontal(pl.col(k).is_null().any() for k in keys)).item():
-        return False
-    first, rest = keys[0], keys[1:]
-    step = pl.col(first).diff()
-    later = step > 0
-    if rest:
-        equal = step == 0
-        for k in rest:
-            later = later | (equal & (pl.col(k).diff() > 0))
-            equal = equal & (pl.col(k).diff() == 0)
-    return bool(rows.select(later.slice(1).all()).item())
 
 
 def _texts(adapter: Adapter, ids: pl.Series) -> pl.Series:

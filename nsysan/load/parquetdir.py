@@ -228,10 +228,11 @@ class ParquetDirSource:
                 issues.pop(c, None)
         return df
 
-    def read_where(self, table: str, columns: list[str], where: RowFilter) -> pl.DataFrame:
+    def read_where(self, table: str, columns: list[str], where: RowFilter, *,
+                   expected_rows: int | None = None) -> pl.DataFrame:
         """The given integer columns of the rows of ``table`` that match ``where``
         (`nsysan.load.source.FilteredSource`): a filter on the lazy scan, which reads only
-        these columns."""
+        these columns (into buffers of the result's size: ``expected_rows`` is not needed)."""
 
         def cond(c: Cond) -> pl.Expr:
             col = pl.col(c.column)

@@ -65,12 +65,15 @@ class FilteredSource(Protocol):
     is never read whole for a few of its rows (the CPU call stacks: 13M rows at 1M
     kernels, of which the host pass needs about one in ten)."""
 
-    def read_where(self, table: str, columns: list[str], where: RowFilter) -> pl.DataFrame:
+    def read_where(self, table: str, columns: list[str], where: RowFilter, *,
+                   expected_rows: int | None = None) -> pl.DataFrame:
         """The given integer columns (as Int64) of the rows of ``table`` that match
         ``where``, in no promised order (SQLite answers it through an index where one
-        fits, e.g. an ``in`` list of keys). A value of another type than INTEGER that the
-        read meets is reported through `TableSource.issues` (``nulled``); the caller then
-        reads the table whole with `TableSource.read`, whose data-quality rules handle it."""
+        fits, e.g. an ``in`` list of keys). ``expected_rows``: about how many rows match,
+        when the caller knows (a hint for sizing buffers, never a limit). A value of another
+        type than INTEGER that the read meets is reported through `TableSource.issues`
+        (``nulled``); the caller then reads the table whole with `TableSource.read`, whose
+        data-quality rules handle it."""
         ...
 
     def not_null(self, table: str) -> set[str]:

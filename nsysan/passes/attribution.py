@@ -5,10 +5,11 @@ Semantics (DESIGN.md "attribution"):
 - **Ranges**: NVTX push/pop and start/end ranges that start and end on one thread
   (``end_global_tid`` null); marks and ranges ended on another thread take no part.
 - **Membership** (Nsight Systems ``nvtxgpuproj``): a GPU op (kernel, memcpy, memset) belongs to a
-  range when the CUDA API call that launched it, joined on ``(global_pid, correlation_id)``,
-  lies inside the range on the same thread, inclusively: ``range.start <= api.start`` and
-  ``api.end <= range.end``. Every enclosing range gets the op. All kernels of one CUDA graph
-  launch share the launch's correlation id, so they all follow that launch (one-to-many).
+  range when the CUDA API call that launched it (same ``(global_pid, correlation_id)``,
+  linked once per analysis by `op_link`) lies inside the range on the same thread,
+  inclusively: ``range.start <= api.start`` and ``api.end <= range.end``. Every enclosing
+  range gets the op. All kernels of one CUDA graph launch share the launch's correlation id,
+  so they all follow that launch (one-to-many).
 - Per range, ``proj_start_ns`` = min op start, ``proj_end_ns`` = max op end and ``n_gpu_ops`` =
   number of distinct launching API calls (nvtxgpuproj counts distinct correlation ids: a graph
   launch is one) equal that report's values. nvtxgpuproj drops ranges without GPU ops; here
@@ -52,7 +53,9 @@ from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import PassResult, PassSpec, Results
 
 RANGE_STYLES = ("push_pop", "start_end")
-_OP_KEY = ["global_pid", "correlation_id"]
+#: the columns of the NVTX ranges the pass reads
+RANGE_COLUMNS = ("range_id", "global_tid", "pid", "tid", "domain", "name", "depth",
+                 "parent_range_id", "start_ns", "end_ns")
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,20 @@ def layer_name(name: pl.Expr) -> pl.Expr:
 
 
 def eligible_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
-    """NVTX ranges that take part in attribution: same-thread push/pop and start/end ranges."""
-    return nvtx.filter(
+    """NVTX ranges that take part in attribution: same-thread push/pop and start/end ranges,
+    their `RANGE_COLUMNS`.
+
+    (The test is made on the frame and applied to those columns only: a filter of the whole
+    frame would expand its constant columns, e.g. ``trace_id``, to one value per range
+    first, `nsysan.frames.trace`.)"""
+    keep = nvtx.select(
         pl.col("style").is_in(RANGE_STYLES)
         & pl.col("end_global_tid").is_null()
         & pl.col("start_ns").is_not_null()
         & pl.col("end_ns").is_not_null()
         & (pl.col("end_ns") >= pl.col("start_ns"))
-    )
+    ).to_series()
+    return nvtx.select(RANGE_COLUMNS).filter(keep)
 
 
 def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -301,9 +310,10 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
     ops = (
-        # (a null device is -1, which no CUDA device id is)
-        trace.gpu_ops.select([*_OP_KEY, pl.col("device_id").cast(pl.Int64).fill_null(-1),
-                              "start_ns", "end_ns"])
+        # (a null device is -1, which no CUDA device id is; the launch link is by row,
+        # `op_link`, so no key column is read)
+        trace.gpu_ops.select(pl.col("device_id").cast(pl.Int64).fill_null(-1),
+                             "start_ns", "end_ns")
         .with_row_index("op_id")
     )
     launches, op_launch = _launches(trace, ops)

@@ -343,10 +343,11 @@ def lane_threads(threads: pl.DataFrame) -> pl.DataFrame:
 def _lanes_of(sched: pl.DataFrame, samples: pl.DataFrame,
               drawn: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     tids = drawn["global_tid"].implode()
-    on_cpu = (sched.filter(pl.col("global_tid").is_in(tids))
-              .select("global_tid", "start_ns", "end_ns").sort("global_tid", "start_ns"))
-    layered = samples.filter(pl.col("global_tid").is_in(tids)).select(
-        "global_tid", "time_ns", code=pl.col("layer").to_physical())
+    # (columns first: a filter of a whole frame expands its constant columns, `Trace`)
+    on_cpu = (sched.select("global_tid", "start_ns", "end_ns")
+              .filter(pl.col("global_tid").is_in(tids)).sort("global_tid", "start_ns"))
+    layered = samples.select("global_tid", "time_ns", code=pl.col("layer").to_physical()
+                             ).filter(pl.col("global_tid").is_in(tids))
     return on_cpu, layered
 
 

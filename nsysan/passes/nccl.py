@@ -207,10 +207,11 @@ def _n_ranks(trace: Trace, params: NcclParams, kernels: pl.DataFrame) -> pl.Data
     nvtx = trace.frame("nvtx")
     # The regex is anchored on "ncclComm": an eager prefix test first spares it every other
     # name (a lazy plan would fuse both tests into one predicate over every row).
+    # (filtered inside the select: a frame's filter expands its constant columns, here the
+    # usually empty payload, to every row first, `nsysan.frames.trace`)
+    is_comm = per_value(nvtx, "name", pl.col("name").str.starts_with("ncclComm")).fill_null(False)
     from_payload = (
-        nvtx.select("pid", "name", "payload_json")
-        .filter(per_value(nvtx, "name", pl.col("name").str.starts_with("ncclComm"))
-                .fill_null(False))
+        nvtx.select(pl.col("pid", "name", "payload_json").filter(is_comm))
         .with_columns(pl.col("name").cast(pl.String))
         .lazy()
         .filter(pl.col("name").str.contains(_COMM_INIT_RE).fill_null(False))
@@ -275,10 +276,12 @@ def _nccl_table(
         pl.col("name").alias("kernel_name"), "op_class",
     )
     gpu = gpu.with_columns(pl.Series("_api_row", op_link.api_rows(trace)))
-    kern = gpu.filter(
+    # (inside a select: a frame's filter would expand ``global_pid``, constant in a profile
+    # of one process, to every op first, `nsysan.frames.trace`)
+    kern = gpu.select(pl.all().filter(
         (pl.col("start_ns") > 0) & (pl.col("op_class") == "nccl")
         & (pl.col("end_ns") >= pl.col("start_ns"))
-    ).drop("op_class")
+    )).drop("op_class")
     if kern.is_empty():
         return schemas.empty(schemas.NCCL), 0
     # each distinct kernel name parsed once, as text; joined back by the Categorical name
