@@ -20,7 +20,13 @@ from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
-from nsysan.passes.schedule import analysis_context, build_workers, pass_workers, run_passes
+from nsysan.passes.schedule import (
+    analysis_context,
+    build_workers,
+    pass_workers,
+    passes_wait_for_frames,
+    run_passes,
+)
 
 if TYPE_CHECKING:
     from nsysan.findings.rules import Diagnosis
@@ -178,7 +184,8 @@ def _run_passes(
     check_per_step(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step)
     t0 = time.perf_counter()
     trace = start(path_or_trace, nsys=nsys, findings=findings, hash_inputs=hash_inputs)
-    if any(s.name == "host" for s in specs):  # its frames load while the other passes run
+    if any(s.name == "host" for s in specs):  # its frames load while the first passes run
+        # (on a big trace, before them: `passes_wait_for_frames`)
         from nsysan.passes.host import frames_to_read
 
         trace.prefetch(frames_to_read(trace), workers=build_workers(trace), first=True)
@@ -190,6 +197,10 @@ def _run_passes(
         # Imported while the frames load (the first pass waits for them anyway), not after
         # the passes: the import is ~0.05 s, a tenth of a small analysis.
         _findings_module()
+    if passes_wait_for_frames(trace):  # (a big trace: builds bounded, see there)
+        t = time.perf_counter()
+        trace.wait_for_prefetch()
+        timings["frames"] = time.perf_counter() - t
     results, pass_timings = run_passes(specs, trace, params, pass_workers(trace),
                                        release_frames=release_frames)
     trim()  # the passes' intermediates (`nsysan.frames.heap`)

@@ -167,6 +167,36 @@ def test_a_frame_is_built_once_however_many_threads_ask() -> None:
     assert calls == ["gpu_ops"]
 
 
+def test_wait_for_prefetch_returns_once_every_queued_frame_is_built() -> None:
+    """`wait_for_prefetch` blocks until the prefetch threads have built all queued frames
+    (with at most ``workers`` at a time, none in the waiting thread), then returns; with
+    nothing queued it returns at once, and a failed build does not raise there."""
+    loader, calls, gate = _gated_loader()
+    trace = _trace(loader)
+    trace.wait_for_prefetch()  # nothing queued
+    trace.prefetch(["gpu_ops", "nvtx", "cuda_api"], workers=1)
+    waited = threading.Event()
+    waiter = threading.Thread(target=lambda: (trace.wait_for_prefetch(), waited.set()))
+    waiter.start()
+    _until_built(calls)
+    assert not waited.wait(0.2)  # the builds are held: still waiting
+    assert calls == ["gpu_ops"]  # the one thread's first build; the waiter builds nothing
+    gate.set()
+    waiter.join(5)
+    assert waited.is_set()
+    assert calls == ["gpu_ops", "nvtx", "cuda_api"]  # one thread, none built by the waiter
+    assert set(trace._frames) == {"gpu_ops", "nvtx", "cuda_api"}
+
+    def failing(name: str) -> pl.DataFrame:
+        raise ValueError(name)
+
+    broken = _trace(failing)
+    broken.prefetch(["gpu_ops"])
+    broken.wait_for_prefetch()  # the failure is the caller's frame()'s to report
+    with pytest.raises(ValueError):
+        broken.frame("gpu_ops")
+
+
 def test_a_failed_prefetch_raises_in_the_caller() -> None:
     attempts: list[str] = []
 

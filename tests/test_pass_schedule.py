@@ -153,6 +153,47 @@ def test_concurrent_passes_give_the_serial_tables(
     assert serial.diagnosis.to_dict() == concurrent.diagnosis.to_dict()
 
 
+def test_passes_wait_for_the_frames_of_a_big_trace_only() -> None:
+    assert not schedule.passes_wait_for_frames(_trace(kernels=schedule.CONCURRENT_MAX_OPS))
+    assert schedule.passes_wait_for_frames(_trace(kernels=schedule.CONCURRENT_MAX_OPS + 1))
+
+
+def test_waiting_for_the_frames_first_gives_the_same_analysis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the passes held until the prefetched frames are built (a big trace), the first
+    pass finds every frame built, the analysis is the same, and the wait is timed."""
+    import nsysan.api as api_module
+
+    path, _ = build("exposed_allreduce", tmp_path)
+    plain = analyze(open_trace(path, frame_cache=False))
+    built_when_passes_start: list[set[str]] = []
+    real_run_passes = api_module.run_passes
+
+    def run_passes_spy(specs, trace, *args, **kwargs):
+        built_when_passes_start.append(set(trace._frames))
+        return real_run_passes(specs, trace, *args, **kwargs)
+
+    waits: list[int] = []
+    real_wait = Trace.wait_for_prefetch
+
+    def wait_spy(trace: Trace) -> None:
+        real_wait(trace)
+        waits.append(len(trace._prefetching.todo))
+
+    monkeypatch.setattr(api_module, "passes_wait_for_frames", lambda trace: True)
+    monkeypatch.setattr(api_module, "run_passes", run_passes_spy)
+    monkeypatch.setattr(Trace, "wait_for_prefetch", wait_spy)
+    waited = analyze(open_trace(path, frame_cache=False))
+    assert waits == [0]  # waited once, with nothing left queued, before the passes
+    assert {"gpu_ops", "nvtx", "cuda_api", "sync"} <= built_when_passes_start[0]
+    assert "frames" in waited.timings_s and "frames" not in plain.timings_s
+    assert plain.tables.keys() == waited.tables.keys()
+    for name, table in plain.tables.items():
+        assert table.equals(waited.tables[name]), name
+    assert plain.diagnosis.to_dict() == waited.diagnosis.to_dict()
+
+
 def test_an_interrupt_inside_a_pass_reaches_the_caller() -> None:
     def interrupted(trace, params, prior) -> PassResult:
         raise KeyboardInterrupt

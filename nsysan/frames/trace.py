@@ -119,6 +119,7 @@ class _PrefetchQueue:
     queue per trace, whatever number of `Trace.prefetch` calls filled it."""
     todo: deque[str] = field(default_factory=deque)
     threads: int = 0
+    started: list[threading.Thread] = field(default_factory=list)  # (for `wait_for_prefetch`)
 
 
 #: the column every frame carries first: the trace's id (the same in every row)
@@ -296,11 +297,35 @@ class Trace:
                     self.stored(name)
 
         for _ in range(start):
+            thread = threading.Thread(target=work, name="nsysan-frames", daemon=True)
+            with self._locks_guard:  # (listed before it starts: a waiter cannot miss it)
+                queue.started = [t for t in queue.started
+                                 if t.is_alive() or t.ident is None] + [thread]
             try:
-                threading.Thread(target=work, name="nsysan-frames", daemon=True).start()
+                thread.start()
             except RuntimeError:  # no thread to be had: the callers build what is left
                 with self._locks_guard:
                     queue.threads -= 1
+                    queue.started.remove(thread)
+
+    def wait_for_prefetch(self) -> None:
+        """Return once the prefetch threads have built every frame queued so far (a frame
+        whose build failed is built again, and raises, when asked for). Nothing is built in
+        the calling thread: the frames are built as many at a time as `prefetch` allowed.
+        (Frames left queued because no thread could be started are the callers' to build;
+        called from a prefetch thread, it does not wait for that thread.)"""
+        me = threading.current_thread()
+        while True:
+            with self._locks_guard:
+                waiting = [t for t in self._prefetching.started
+                           if t is not me and (t.is_alive() or t.ident is None)]
+            if not waiting:
+                return
+            for thread in waiting:
+                if thread.ident is None:  # listed, not started yet: look again shortly
+                    threading.Event().wait(0.001)
+                    break
+                thread.join()
 
     def release(self, names: Iterable[str] | None = None) -> None:
         """Forget the frames ``names`` (all by default): built ones are dropped and those

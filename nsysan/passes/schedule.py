@@ -82,6 +82,16 @@ def build_workers(trace: Trace) -> int:
     return 2 if ops > CONCURRENT_MAX_OPS else 4
 
 
+def passes_wait_for_frames(trace: Trace) -> bool:
+    """True when the passes of an analysis of ``trace`` start only once its prefetched
+    frames are built: above `CONCURRENT_MAX_OPS` kernels, where the builds are bounded
+    (`build_workers`) and take tens of seconds. A pass started earlier waits inside
+    ``frame()`` for the frames it reads while holding what it computed from the others: on
+    the 10M-kernel copy the steps pass held its device segments for ~28 s beside the last
+    builds, and that was the peak of the whole analysis (bench/RESULTS.md)."""
+    return trace.meta.tables.at_most("CUPTI_ACTIVITY_KIND_KERNEL") > CONCURRENT_MAX_OPS
+
+
 @contextlib.contextmanager
 def analysis_context(trace: Trace) -> Iterator[AnalysisContext]:
     """One analysis of ``trace``: the `AnalysisContext` its passes, findings and reports share
