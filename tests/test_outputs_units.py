@@ -82,7 +82,18 @@ def test_clean_stale_removes_only_nsysans_dead_temporaries(tmp_path: Path) -> No
     (unmarked / "data").write_text("x")
     file_temp = tmp_path / f".e.json.nsysan-tmp-{tag}-f"
     file_temp.write_text("half")
-    assert clean_stale(tmp_path) == [writing, empty]
+    half_marker = tmp_path / f".f.nsysan-tmp-{tag}-m"  # killed while writing its marker
+    half_marker.mkdir()
+    (half_marker / f"{MARKER}.nsysan-tmp-{tag}-x").write_text('{"nsysan_ou')
+    other = tmp_path / f".g.nsysan-tmp-{tag}-o"  # a stale temporary file beside data: kept
+    other.mkdir()
+    (other / f"{MARKER}.nsysan-tmp-{tag}-x").write_text("{")
+    (other / "data").write_text("x")
+    alive = tmp_path / f".h.nsysan-tmp-{tag}-a"  # the temporary file of a live writer: kept
+    alive.mkdir()
+    (alive / f"{MARKER}.nsysan-tmp-{host_tag()}-{os.getpid()}-x").write_text("{")
+    assert clean_stale(tmp_path) == [writing, empty, half_marker]
+    assert (other / "data").exists() and any(alive.iterdir())
     assert sorted(os.listdir(old)) == [MARKER, "someone.txt"]
     assert (unmarked / "data").exists() and file_temp.exists()
     assert clean_stale(tmp_path, files=True) == [file_temp]

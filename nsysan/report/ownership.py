@@ -343,7 +343,9 @@ def remove_owned(folder: Path, legacy: Legacy | None = None) -> list[str]:
 def clean_stale(root: str | os.PathLike[str], *, files: bool = False) -> list[Path]:
     """Remove the temporary folders (with ``files``, also the temporary files) that nsysan
     processes of this host, dead now, left in ``root``. Only an entry with nsysan's temporary
-    name is considered, and a folder only with a marker inside or nothing at all."""
+    name is considered, and a folder only with a marker inside, or with nothing but such dead
+    temporary files (a process killed while it wrote the folder's first marker leaves the
+    marker's temporary file alone in it), or nothing at all."""
     removed: list[Path] = []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -357,13 +359,22 @@ def clean_stale(root: str | os.PathLike[str], *, files: bool = False) -> list[Pa
             if e.is_dir(follow_symlinks=False):
                 if read_marker(path) is not None and not remove_owned(path):
                     removed.append(path)
-                elif not any(os.scandir(path)):
+                elif _only_stale_files(path):
+                    for inner in os.scandir(path):
+                        os.unlink(inner.path)
                     path.rmdir()
                     removed.append(path)
             elif files and e.is_file(follow_symlinks=False):
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+def _only_stale_files(folder: Path) -> bool:
+    """True when ``folder`` holds nothing but files with nsysan's temporary name of a dead
+    process of this host (or nothing at all)."""
+    return all(e.is_file(follow_symlinks=False) and is_stale_temp(e.name)
+               for e in os.scandir(folder))
 
 
 @dataclass
