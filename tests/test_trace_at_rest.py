@@ -124,3 +124,58 @@ def test_an_unknown_frame_names_every_known_one() -> None:
     trace = Trace.from_frames("t", {})
     with pytest.raises(KeyError, match=r"gpu_ops.*cpu_samples"):
         trace.frame("gpu_op")
+
+
+#: frames big enough on a real trace that a whole-frame filter's expansion matters
+_BIG_FRAMES = ("gpu_ops", "cuda_api", "nvtx", "sync", "cpu_samples", "sched")
+
+
+@pytest.mark.parametrize("scenario", ["exposed_allreduce", "layers", "pageable_copies",
+                                      "sync_in_loop", "multi_device"])
+def test_an_analysis_never_filters_joins_or_sorts_a_whole_big_frame(
+        scenario: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polars expands a frame's constant columns (``trace_id`` as `Trace.frame` hands it
+    out, the constant columns kept at rest) to one value per row when the whole frame is
+    filtered, joined or sorted: 0.5 GB for one filter of cuda_api at 10M kernels. No pass,
+    finding or report does that to a big frame as handed out: each selects its columns
+    first, or filters inside a select (`_at_rest`)."""
+    from nsysan.testing.scenarios import build
+
+    _assert_no_whole_frame_filters(build(scenario, tmp_path)[0], tmp_path, monkeypatch)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlite",
+                                  "sc23-vit-train-nvtx/4workers.nsys-rep.nsys2023.4.4.sqlite"])
+def test_no_whole_big_frame_is_filtered_on_traces_with_host_evidence(
+        name: str, shared_traces, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, on real traces whose CPU samples and switches the host pass reads."""
+    _assert_no_whole_frame_filters(shared_traces / name, tmp_path, monkeypatch)
+
+
+def _assert_no_whole_frame_filters(path, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nsysan.api import analyze_to_dir
+
+    handed: dict[int, tuple[str, pl.DataFrame]] = {}  # (the frame kept: its id stays unique)
+    real_frame = Trace.frame
+
+    def frame(self: Trace, name: str) -> pl.DataFrame:
+        out = real_frame(self, name)
+        if name in _BIG_FRAMES:
+            handed[id(out)] = (name, out)
+        return out
+
+    monkeypatch.setattr(Trace, "frame", frame)
+    offenders: list[tuple[str, str]] = []
+    for method in ("filter", "join", "sort"):
+        real = getattr(pl.DataFrame, method)
+
+        def spy(self: pl.DataFrame, *args, _real=real, _method=method, **kwargs):
+            if id(self) in handed:
+                offenders.append((handed[id(self)][0], _method))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(pl.DataFrame, method, spy)
+    analyze_to_dir(open_trace(path, frame_cache=False), tmp_path / "out")
+    assert handed  # the spy saw the frames
+    assert offenders == []

@@ -147,10 +147,10 @@ def content_sort_in_place(
 
 def _runs_order(df: pl.DataFrame, keys: Sequence[str]) -> pl.Series | None:
     """The row numbers sorting ``df`` by ascending ``keys`` (ties kept in row order), when
-    its first key is a number column without nulls already in non-decreasing order: only
+    its first key is an integer column without nulls already in non-decreasing order: only
     the rows in runs of an equal first key are sorted (by all ``keys``; the runs stay where
-    they are, since the first key leads the sort). None when the first key is not so (an
-    integer column: NaN and infinities sort by rules of their own)."""
+    they are, since the first key leads the sort). None when the first key is not so
+    (integers only: NaN and infinities sort by rules of their own)."""
     first = df[keys[0]]
     if not first.dtype.is_integer() or first.null_count() or not first.is_sorted():
         return None

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas_host
-from nsysan.frames.order import content_sort, content_sort_in_place
+from nsysan.frames.order import content_sort, content_sort_in_place, strictly_increasing
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 from nsysan.load.adapters_sched import state_labels
 
@@ -116,12 +116,9 @@ def _with_summary(samples: pl.DataFrame, summary: pl.DataFrame) -> pl.DataFrame:
     gathered beside the samples' own, which stay where they are; a join copied every column
     of the samples into its result (0.5 GB at 10M kernels, while the build's other frames
     were alive). Otherwise the join."""
-    keys = summary["id"]
-    increasing = keys.dtype.is_integer() and (
-        keys.len() < 2 or bool((keys.slice(1) > keys.head(keys.len() - 1)).all()))
-    if not increasing or keys.null_count() or samples["id"].null_count():
+    if not strictly_increasing(summary, ["id"]) or samples["id"].null_count():
         return samples.join(summary, on="id", how="left", maintain_order="left")
-    k, q = keys.to_numpy(), samples["id"].to_numpy()
+    k, q = summary["id"].to_numpy(), samples["id"].to_numpy()
     at = np.searchsorted(k, q)
     hit = at < k.size
     hit[hit] = k[at[hit]] == q[hit]

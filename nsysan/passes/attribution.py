@@ -86,17 +86,16 @@ def eligible_ranges(nvtx: pl.DataFrame) -> pl.DataFrame:
     """NVTX ranges that take part in attribution: same-thread push/pop and start/end ranges,
     their `RANGE_COLUMNS`.
 
-    (The test is made on the frame and applied to those columns only: a filter of the whole
-    frame would expand its constant columns, e.g. ``trace_id``, to one value per range
-    first, `nsysan.frames.trace`.)"""
-    keep = nvtx.select(
+    (Filtered inside a select of those columns: a filter of the whole frame would expand
+    its constant columns, e.g. ``trace_id``, to one value per range first,
+    `nsysan.frames.trace`.)"""
+    return nvtx.select(pl.col(*RANGE_COLUMNS).filter(
         pl.col("style").is_in(RANGE_STYLES)
         & pl.col("end_global_tid").is_null()
         & pl.col("start_ns").is_not_null()
         & pl.col("end_ns").is_not_null()
         & (pl.col("end_ns") >= pl.col("start_ns"))
-    ).to_series()
-    return nvtx.select(RANGE_COLUMNS).filter(keep)
+    ))
 
 
 def _with_nesting(ranges: pl.DataFrame) -> pl.DataFrame:
