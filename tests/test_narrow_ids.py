@@ -25,6 +25,8 @@ IDS = ("device_id", "context_id", "stream_id", "correlation_id")
 #: the largest CUDA id CUPTI writes (0xFFFFFFFF is its "not applicable")
 CUDA_ID_MAX = (1 << 32) - 2
 SHARED = SHARED_TRACES
+#: a project-owned recording with CPU samples and context switches (fixtures/README.md)
+HOST_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cpu_host_sampling.sqlite"
 #: shared traces whose analyses fill the host and nccl tables (when present; a memory-usage
 #: case of the test builder fills the memory tables)
 WITH_EVERYTHING = ("sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlite",
@@ -54,6 +56,8 @@ def test_frames_hold_cuda_ids_as_uint32_and_the_tables_as_int64(tmp_path: Path) 
     (KERNEL, "streamId", "stream_id", 1 << 32),
     (KERNEL, "correlationId", "correlation_id", -1),
     (KERNEL, "gridX", "grid_x", 1 << 31),
+    (KERNEL, "blockX", "block_x", 1 << 16),
+    (KERNEL, "gridZ", "grid_z", -1),
     (RUNTIME, "correlationId", "correlation_id", 1 << 40),
     (SYNC, "contextId", "context_id", -(1 << 31) - 1),
 ])
@@ -111,9 +115,38 @@ def test_conform_checks_only_what_it_narrows() -> None:
     got = schemas.conform(fits, pl.Schema({"device_id": schemas.CUDA_ID}))
     assert got["device_id"].to_list() == [0, CUDA_ID_MAX + 1, None]
     assert got.schema["device_id"] == pl.UInt32
+    with pytest.raises(TraceFormatError, match=r"column block_x holds 65536, .*65535"):
+        schemas.conform(pl.DataFrame({"block_x": [1, 1 << 16]}),
+                        pl.Schema({"block_x": schemas.LAUNCH_DIM}))
+    with pytest.raises(TraceFormatError, match="column cpu holds -32769"):
+        schemas.conform(pl.DataFrame({"cpu": [-(1 << 15) - 1]}), pl.Schema({"cpu": schemas.CPU}))
     signed = pl.DataFrame({"tid": [-(1 << 31), (1 << 31) - 1]})
     assert schemas.conform(signed, pl.Schema({"tid": schemas.OS_ID}))["tid"].to_list() == [
         -(1 << 31), (1 << 31) - 1]
+
+
+def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) -> None:
+    # CUDA's limits: grid y/z up to 65535, blocks up to 1024 threads; Linux CPU numbers
+    edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    execute(edge, f"UPDATE {KERNEL} SET gridY = 65535, gridZ = 65535, blockX = 1024, "
+            "blockY = 1024, blockZ = 64 WHERE rowid = 3")
+    ops = open_trace(edge, trace_id="t", frame_cache=False).gpu_ops
+    dims = ("grid_y", "grid_z", "block_x", "block_y", "block_z")
+    assert all(ops.schema[c] == pl.UInt16 for c in dims) and ops.schema["grid_x"] == pl.Int32
+    assert ops.select(pl.max(*dims)).row(0) == (65535, 65535, 1024, 1024, 64)
+    host = open_trace(HOST_FIXTURE, trace_id="h", frame_cache=False)
+    for frame in ("sched", "cpu_samples"):
+        cpus = host.frame(frame)["cpu"]
+        assert cpus.dtype == pl.Int16 and cpus.len() > 0, frame
+
+
+def test_a_cpu_number_beyond_16_bits_is_an_error(tmp_path: Path) -> None:
+    broken = copy_export(HOST_FIXTURE, tmp_path / "in" / "h.sqlite")
+    # (a switch-in: the frame's intervals carry the CPU their thread switched in on)
+    execute(broken, f"UPDATE SCHED_EVENTS SET cpu = {1 << 15} WHERE rowid = "
+            "(SELECT min(rowid) FROM SCHED_EVENTS WHERE isSchedIn = 1)")
+    with pytest.raises(TraceFormatError, match=r"column cpu holds 32768, .*CPU number"):
+        open_trace(broken, trace_id="h", frame_cache=False).frame("sched")
 
 
 def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:

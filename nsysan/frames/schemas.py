@@ -16,9 +16,11 @@ costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
   meaningful order for reports), so that an Enum too sorts, compares and takes min/max by its
   text: every content order (`nsysan.frames.order`) is the one the String columns had.
 
-Integers are as narrow as their values allow (`OS_ID`, ``I32``: OS ids, CPUs, launch
-geometry, API return values, Int32; `CUDA_ID`: CUDA device/context/stream ids and
-correlation ids, UInt32 as CUPTI records them; a 1M-kernel ``gpu_ops`` 154 -> 110 B per op);
+Integers are as narrow as their values allow (`OS_ID`, ``I32``: OS ids, a kernel's grid x
+size, API return values, Int32; `CUDA_ID`: CUDA device/context/stream ids and correlation
+ids, UInt32 as CUPTI records them; `LAUNCH_DIM`: the grid's y and z sizes and the block's
+sizes, which CUDA limits to 65535, UInt16; `CPU`: CPU numbers, Int16; a 1M-kernel
+``gpu_ops`` 154 -> 100 B per op);
 the output tables hold them as Int64, and a pass keying a table on a frame's id casts it.
 CUPTI's not-applicable id marker (0xFFFFFFFF) is read as null
 (`nsysan.load.adapters.null_invalid_ids`); any other value that does not fit its narrow type
@@ -52,6 +54,11 @@ OS_ID = pl.Int32
 #: each as an unsigned 32-bit number (0xFFFFFFFF, "not applicable", reads as null); the
 #: output tables hold them as Int64
 CUDA_ID = pl.UInt32
+#: a kernel's grid y/z and block x/y/z sizes: CUDA limits each to 65535 (blocks to 1024); the
+#: frames hold them as UInt16, so multiply them after a cast (``pl.col("block_x").cast(pl.Int64)``)
+LAUNCH_DIM = pl.UInt16
+#: a CPU number (of a context switch or a CPU sample): Linux numbers at most a few thousand
+CPU = pl.Int16
 F64 = pl.Float64
 STR = pl.String
 BOOL = pl.Boolean
@@ -126,11 +133,11 @@ GPU_OPS = pl.Schema(
         "bytes": I64,
         "graph_node_id": I64,
         "grid_x": I32,
-        "grid_y": I32,
-        "grid_z": I32,
-        "block_x": I32,
-        "block_y": I32,
-        "block_z": I32,
+        "grid_y": LAUNCH_DIM,
+        "grid_z": LAUNCH_DIM,
+        "block_x": LAUNCH_DIM,
+        "block_y": LAUNCH_DIM,
+        "block_z": LAUNCH_DIM,
         "op_class": OP_CLASS,  # one of OP_CLASSES
     }
 )
@@ -313,7 +320,7 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
 
     Used at every edge where a frame is produced, so that a frame always has its declared
     column order and dtypes whatever the source. An integer column of a `pl.DataFrame` that
-    narrows to Int32 or UInt32 is checked first: a value outside that range raises
+    narrows to a 16- or 32-bit type is checked first: a value outside that range raises
     `TraceFormatError` (nsys writes no such value there: the input is damaged), never an
     overflow or a polars error.
     """
@@ -327,10 +334,18 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
     return df.select(exprs)
 
 
-#: per narrow type: its range, and the integer types it takes without a check
+#: per narrow type: its range, the integer types it takes without a check, and what a value
+#: of that column is (for the error message)
 _NARROW = {
-    pl.Int32: ((-(1 << 31), (1 << 31) - 1), (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16)),
-    pl.UInt32: ((0, (1 << 32) - 1), (pl.UInt8, pl.UInt16, pl.UInt32)),
+    pl.Int32: ((-(1 << 31), (1 << 31) - 1), (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16),
+               "a 32-bit number in every export nsys writes"),
+    pl.UInt32: ((0, (1 << 32) - 1), (pl.UInt8, pl.UInt16, pl.UInt32),
+                "a CUDA id, which CUPTI records as an unsigned 32-bit number (its "
+                "not-applicable marker 0xFFFFFFFF reads as null)"),
+    pl.UInt16: ((0, (1 << 16) - 1), (pl.UInt8, pl.UInt16),
+                "a launch dimension, which CUDA limits to 65535"),
+    pl.Int16: ((-(1 << 15), (1 << 15) - 1), (pl.Int8, pl.Int16, pl.UInt8),
+               "a CPU number, a 16-bit number in every export nsys writes"),
 }
 
 
@@ -339,16 +354,13 @@ def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
         have = df.schema.get(name)
         if dtype not in _NARROW or have is None or not have.is_integer():
             continue
-        (low, high), fits = _NARROW[dtype]
+        (low, high), fits, what = _NARROW[dtype]
         if have in fits:
             continue
         lo, hi = df[name].min(), df[name].max()
         bad = [v for v in (lo, hi) if v is not None and not
                low <= v <= high]  # type: ignore[operator]
         if bad:
-            what = ("a CUDA id, which CUPTI records as an unsigned 32-bit number (its "
-                    "not-applicable marker 0xFFFFFFFF reads as null)" if dtype == pl.UInt32
-                    else "a 32-bit number in every export nsys writes")
             raise TraceFormatError(
                 f"column {name} holds {bad[0]}, outside the range of {what}: the export is "
                 "damaged or was not written by nsys; export the report again (nsys export "

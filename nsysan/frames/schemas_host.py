@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsysan.frames.schemas import BOOL, I32, I64, OS_ID, STACK_LAYER, STR
+from nsysan.frames.schemas import BOOL, CPU, I64, OS_ID, STACK_LAYER, STR
 
 SCHED = pl.Schema(
     {
@@ -17,7 +17,7 @@ SCHED = pl.Schema(
         "global_tid": I64,
         "pid": OS_ID,
         "tid": OS_ID,
-        "cpu": I32,  # the CPU of the switch-in
+        "cpu": CPU,  # the CPU of the switch-in
         "start_ns": I64,  # switch-in (or the session start when the thread ran already)
         "end_ns": I64,  # switch-out (or the session end when it never switched out)
         "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
@@ -34,7 +34,7 @@ CPU_SAMPLES = pl.Schema(
         "global_tid": I64,
         "pid": OS_ID,
         "tid": OS_ID,
-        "cpu": I32,
+        "cpu": CPU,
         # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...): a few labels
         "thread_state": pl.Categorical(),
         # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
