@@ -8,12 +8,16 @@ from __future__ import annotations
 import polars as pl
 import pytest
 from conftest import REPO_ROOT
+from findings_cases import SCENARIOS as FINDINGS_CASES
+from findings_cases import scenario as findings_case
 from polars.testing import assert_frame_equal
 
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.context import AnalysisContext, Product, product
 from nsysan.frames.trace import TRACE_ID, Trace, _constant_columns
 from nsysan.load import open_trace
+from nsysan.testing.host_scenarios import SCENARIOS as HOST_SCENARIOS
+from nsysan.testing.scenarios import SCENARIOS, build
 
 FIXTURES = REPO_ROOT / "fixtures"
 ALL_FRAMES = {**schemas.CANONICAL, **schemas_host.HOST_EVIDENCE}
@@ -130,8 +134,7 @@ def test_an_unknown_frame_names_every_known_one() -> None:
 _BIG_FRAMES = ("gpu_ops", "cuda_api", "nvtx", "sync", "cpu_samples", "sched")
 
 
-@pytest.mark.parametrize("scenario", ["exposed_allreduce", "layers", "pageable_copies",
-                                      "sync_in_loop", "multi_device"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_an_analysis_never_filters_joins_or_sorts_a_whole_big_frame(
         scenario: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Polars expands a frame's constant columns (``trace_id`` as `Trace.frame` hands it
@@ -139,9 +142,27 @@ def test_an_analysis_never_filters_joins_or_sorts_a_whole_big_frame(
     filtered, joined or sorted: 0.5 GB for one filter of cuda_api at 10M kernels. No pass,
     finding or report does that to a big frame as handed out: each selects its columns
     first, or filters inside a select (`_at_rest`)."""
-    from nsysan.testing.scenarios import build
+    path = build(scenario, tmp_path)[0]
+    _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path), monkeypatch)
 
-    _assert_no_whole_frame_filters(build(scenario, tmp_path)[0], tmp_path, monkeypatch)
+
+@pytest.mark.parametrize("scenario", sorted(HOST_SCENARIOS))
+def test_no_whole_big_frame_is_filtered_on_the_host_scenarios(
+        scenario: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, on the planted host-evidence cases (CPU contention, a CPU-bound input...)."""
+    path = HOST_SCENARIOS[scenario](tmp_path / f"{scenario}.sqlite")[0]
+    _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path), monkeypatch)
+
+
+@pytest.mark.parametrize("case", sorted(FINDINGS_CASES))
+def test_no_finding_filters_a_whole_big_frame(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, for every rule on the hand-built findings cases: each plants one finding
+    (a launch-bound loop, unoverlapped H2D copies...), so each rule's evidence path runs."""
+    from nsysan.findings import diagnose
+
+    trace, results = findings_case(case)
+    _assert_no_whole_frame_filters(lambda: diagnose(trace, results), monkeypatch)
 
 
 @pytest.mark.shared
@@ -150,12 +171,17 @@ def test_an_analysis_never_filters_joins_or_sorts_a_whole_big_frame(
 def test_no_whole_big_frame_is_filtered_on_traces_with_host_evidence(
         name: str, shared_traces, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, on real traces whose CPU samples and switches the host pass reads."""
-    _assert_no_whole_frame_filters(shared_traces / name, tmp_path, monkeypatch)
+    path = shared_traces / name
+    _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path), monkeypatch)
 
 
-def _assert_no_whole_frame_filters(path, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _analyze(path, tmp_path) -> None:
     from nsysan.api import analyze_to_dir
 
+    analyze_to_dir(open_trace(path, frame_cache=False), tmp_path / "out")
+
+
+def _assert_no_whole_frame_filters(run, monkeypatch: pytest.MonkeyPatch) -> None:
     handed: dict[int, tuple[str, pl.DataFrame]] = {}  # (the frame kept: its id stays unique)
     real_frame = Trace.frame
 
@@ -176,6 +202,6 @@ def _assert_no_whole_frame_filters(path, tmp_path, monkeypatch: pytest.MonkeyPat
             return _real(self, *args, **kwargs)
 
         monkeypatch.setattr(pl.DataFrame, method, spy)
-    analyze_to_dir(open_trace(path, frame_cache=False), tmp_path / "out")
+    run()
     assert handed  # the spy saw the frames
     assert offenders == []

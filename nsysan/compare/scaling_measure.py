@@ -482,9 +482,9 @@ def measure_run(spec: str | Sequence[str | os.PathLike[str]], *, label: str | No
     steps = _steady(job, keys, notes)
     ops = _rank_ops(job, keys)
     n_gpus = sum(
-        t.frame("gpu_ops").filter(pl.col("pid").is_in(
-            keys.filter(pl.col("trace_index") == ti)["pid"].implode()))
-        .select("pid", "device_id").unique().height
+        t.frame("gpu_ops").select(pl.col("pid", "device_id").filter(pl.col("pid").is_in(
+            keys.filter(pl.col("trace_index") == ti)["pid"].implode())))
+        .unique().height
         for ti, t in enumerate(job.traces))
     hosts = job.ranks["hostname"]
     n_nodes = None if hosts.null_count() else hosts.n_unique()

@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
 import polars as pl
 
 from nsysan.findings import startup, streams
 from nsysan.findings.params import FindingParams
 from nsysan.frames import intervals
+from nsysan.frames.order import strictly_increasing
 from nsysan.frames.packed_keys import Keys
 from nsysan.frames.text import per_value
 from nsysan.frames.trace import Trace
@@ -55,11 +55,7 @@ CAUSE_CATEGORY = {
 def _by_start(df: pl.DataFrame) -> pl.DataFrame:
     """``df.sort("start_ns")``, not sorted again when the starts already strictly increase
     (the gaps of a one-device trace come so): without ties every sort gives that order."""
-    start = df["start_ns"]
-    if start.len() <= 1 or (start.null_count() == 0
-                            and bool((np.diff(start.to_numpy()) > 0).all())):
-        return df
-    return df.sort("start_ns")
+    return df if strictly_increasing(df, ["start_ns"]) else df.sort("start_ns")
 
 
 class NotEvaluated(Exception):  # a control-flow signal, not an error
@@ -264,10 +260,13 @@ class Context:
 
     @cached_property
     def short_gaps(self) -> pl.DataFrame:
-        """Device idle gaps < short_gap_max_ns in the window, ``kind`` sync|copy|launch|other.
+        """Device idle gaps < short_gap_max_ns in the window, ``kind``
+        sync|copy|launch|startup|other, sorted by start.
 
-        Needs gpu_ops and cuda_api (callers check). Columns: device_id, start_ns, end_ns,
-        duration_ns, kind."""
+        Needs gpu_ops and cuda_api (callers check). Columns: device_id (UInt32, as in the
+        frames), start_ns, end_ns, kind: held through every rule, it has one row per gap
+        between kernels (millions on a 10M-kernel trace), so the rules take the rows of one
+        kind with the table's columns from `short_gaps_of`."""
         p = self.params
         # the complement of the busy union that the timeline pictures share (streams)
         gaps = (streams.gaps_between(streams.busy_blocks(self.trace)).lazy()
@@ -291,9 +290,16 @@ class Context:
                 .when(late).then(pl.lit("launch")).otherwise(pl.lit("other")))
         return (tagged.with_columns(api_end.alias("_api_end"),
                                     startup.is_startup(self.startup_calls, tagged))
-                .select([pl.col("device_id").cast(pl.Int64),  # as in the gaps table
-                         "start_ns", "end_ns", "duration_ns",
+                .select(["device_id", "start_ns", "end_ns",
                          kind.cast(SHORT_GAP_KINDS).alias("kind")]))
+
+    def short_gaps_of(self, kind: str) -> pl.DataFrame:
+        """The `short_gaps` of one ``kind``: device_id (Int64, as in the gaps table),
+        start_ns, end_ns, duration_ns."""
+        return self.short_gaps.filter(pl.col("kind") == kind).select(
+            pl.col("device_id").cast(pl.Int64), "start_ns", "end_ns",
+            (pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"),
+        )
 
     def _launch_end(self, gaps: pl.DataFrame) -> pl.Series:
         """Per gap, the earliest return of the launch calls of the ops that start exactly at
@@ -342,7 +348,8 @@ class Context:
                 out[cat] += int(ns)
         try:
             self.can_classify_short_gaps()
-            sg = self.short_gaps.group_by("kind").agg(pl.col("duration_ns").sum())
+            sg = self.short_gaps.group_by("kind").agg(
+                (pl.col("end_ns") - pl.col("start_ns")).sum())
             for kind, ns in sg.iter_rows():
                 out[kind] += int(ns)
         except NotEvaluated:

@@ -162,8 +162,8 @@ def h2d_not_overlapped(ctx: Context) -> list[Finding]:
         if ctx.exposed_ns(bad_h2d) >= 0.5 * ns:
             return []
     total_h2d, _ = ctx.state_share("h2d", None)
-    copies = ctx.in_window(ctx.trace.frame("gpu_ops").filter(
-        pl.col("op_class") == "memcpy_h2d"))
+    ops = ctx.trace.frame("gpu_ops")  # (filtered inside a select, as in `launch_bound`)
+    copies = ctx.in_window(ops.select(pl.all().filter(pl.col("op_class") == "memcpy_h2d")))
     top = ranked(copies.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_d")),
                  ["_d", "start_ns"], p.top_n, descending=[True, False])
     offenders = [offender("copy", f"HtoD {fmt_bytes(r['bytes'])} from {r['src_kind'] or '?'} "
@@ -203,7 +203,7 @@ def pageable_or_sync_copies(ctx: Context) -> list[Finding]:
     if bad.is_empty():
         return []
     exposed = ctx.exposed_ns(bad)
-    drained = int(ctx.short_gaps.filter(pl.col("kind") == "copy")["duration_ns"].sum())
+    drained = int(ctx.short_gaps_of("copy")["duration_ns"].sum())
     long_ns, _ = _long_gap_ns(ctx, "copy")
     cost = exposed + drained + long_ns
     share = cost / ctx.device_time_ns
@@ -258,7 +258,7 @@ def host_sync(ctx: Context) -> list[Finding]:
     p = ctx.params
     ctx.can_classify_short_gaps()
     ctx.need_table("gaps")
-    short = ctx.short_gaps.filter(pl.col("kind") == "sync")
+    short = ctx.short_gaps_of("sync")
     long_ns, long_rows = _long_gap_ns(ctx, "sync")
     idle = int(short["duration_ns"].sum()) + long_ns
     share = idle / ctx.device_time_ns
@@ -300,17 +300,20 @@ def launch_bound(ctx: Context) -> list[Finding]:
     p = ctx.params
     ctx.can_classify_short_gaps()
     ctx.need_table("gaps")  # long launch-bound gaps come from the gaps pass
-    short = ctx.short_gaps.filter(pl.col("kind") == "launch")
+    short = ctx.short_gaps_of("launch")
     long_ns, long_rows = _long_gap_ns(ctx, "launch")
     idle = int(short["duration_ns"].sum()) + long_ns
     share = idle / ctx.device_time_ns
     sev = grade(share, p.launch_warn_frac, p.launch_crit_frac)
     if sev is None:
         return []
-    kernels = ctx.in_window(ctx.trace.frame("gpu_ops").filter(pl.col("kind") == "kernel"))
+    # (filtered inside a select: a filter of a whole frame would expand its constant columns
+    # to every row, `nsysan.frames.trace`)
+    kernels = ctx.in_window(ctx.trace.frame("gpu_ops").select(
+        pl.col("name", "start_ns", "end_ns").filter(pl.col("kind") == "kernel")))
     dur = kernels["end_ns"] - kernels["start_ns"]
-    launches = ctx.in_window(ctx.trace.frame("cuda_api").filter(
-        pl.col("api_class") == "launch"))
+    launches = ctx.in_window(ctx.trace.frame("cuda_api").select(
+        pl.col("start_ns", "end_ns").filter(pl.col("api_class") == "launch")))
     top = ranked(kernels.group_by("name").agg(
         pl.len(), (pl.col("end_ns") - pl.col("start_ns")).mean().alias("mean_ns")),
         ["len", "mean_ns"], p.top_n)

@@ -28,7 +28,7 @@ def startup_cost(ctx: Context) -> list[Finding]:
     p = ctx.params
     ctx.can_classify_short_gaps()
     ctx.need_table("gaps")
-    short = ctx.short_gaps.filter(pl.col("kind") == "startup").select(
+    short = ctx.short_gaps_of("startup").select(
         ["device_id", "start_ns", "end_ns", "duration_ns"])
     long = ctx.long_gaps
     rows = short

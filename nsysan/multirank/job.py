@@ -155,7 +155,11 @@ def _steps(view: Trace) -> pl.DataFrame:
 def _local_metrics(trace: Trace, rows: pl.DataFrame) -> pl.DataFrame:
     """Per rank process of one profile (local time): activity, busy, NCCL and host comm."""
     keys = rows.select("pid", "device_id")
-    ops = trace.frame("gpu_ops").join(keys, on=["pid", "device_id"])
+    # (the columns read, then the join: a join of the whole frame would expand its constant
+    # columns to every row, `nsysan.frames.trace`)
+    ops = (trace.frame("gpu_ops").select("pid", "device_id", "kind", "op_class", "start_ns",
+                                         "end_ns")
+           .join(keys, on=["pid", "device_id"]))
     by = ["pid"]
     first_parts = [
         trace.frame(f).lazy().group_by("pid").agg(pl.col("start_ns").min().alias("_s"))
@@ -178,11 +182,11 @@ def _local_metrics(trace: Trace, rows: pl.DataFrame) -> pl.DataFrame:
     )
     nvtx = trace.frame("nvtx")
     host = iv.total(
-        nvtx.filter(
+        nvtx.select(pl.col("pid", "start_ns", "end_ns").filter(
             (pl.col("style") != "mark")
             & per_value(nvtx, "name", pl.col("name").str.contains(MPI_OR_NCCL_API_RE))
             .fill_null(False)
-        ), by, name="host_comm_ns",
+        )), by, name="host_comm_ns",
     )
     return (
         keys.lazy().select("pid")

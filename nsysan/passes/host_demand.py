@@ -35,15 +35,18 @@ def blocking_calls(trace: Trace) -> pl.DataFrame:
     """``global_tid, start_ns, end_ns`` of the calls in which a thread blocks on purpose:
     OS-runtime calls and CUDA synchronization calls."""
     osrt = trace.frame("osrt").select("global_tid", "start_ns", "end_ns")
-    sync = (trace.frame("cuda_api").filter(pl.col("api_class") == "sync")
-            .select("global_tid", "start_ns", "end_ns"))
+    sync = trace.frame("cuda_api").select(
+        pl.col("global_tid", "start_ns", "end_ns").filter(pl.col("api_class") == "sync"))
     return pl.concat([osrt, sync])
 
 
 def preempted_off_cpu(sched: pl.DataFrame) -> pl.DataFrame:
     """``global_tid, out_state, start_ns, end_ns``: from each switch-out in a preempted state
     to the thread's next switch-in (the thread could run but had no CPU)."""
-    return (sched.sort("global_tid", "start_ns")
+    # (its columns first: a sort of the whole frame would expand its constant columns to
+    # every row, `nsysan.frames.trace`)
+    return (sched.select("global_tid", "out_state", "start_ns", "end_ns")
+            .sort("global_tid", "start_ns", maintain_order=True)
             .select("global_tid", "out_state", start_ns="end_ns",
                     end_ns=pl.col("start_ns").shift(-1).over("global_tid"))
             .filter(pl.col("out_state").is_in(PREEMPTED_STATES)
