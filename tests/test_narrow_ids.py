@@ -5,6 +5,7 @@ value outside 32 unsigned bits is a damaged export, rejected with one line, neve
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import polars as pl
@@ -18,8 +19,10 @@ from nsysan.cli import cli
 from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
 from nsysan.load import open_trace
+from nsysan.load.adapters import COPY_KINDS
 from nsysan.passes.registry import registry
 from nsysan.testing._memory import CASES, memory_case
+from nsysan.testing.host_scenarios import SCENARIOS as HOST_SCENARIOS
 
 IDS = ("device_id", "context_id", "stream_id", "correlation_id")
 #: the largest CUDA id CUPTI writes (0xFFFFFFFF is its "not applicable")
@@ -147,6 +150,58 @@ def test_a_cpu_number_beyond_16_bits_is_an_error(tmp_path: Path) -> None:
             "(SELECT min(rowid) FROM SCHED_EVENTS WHERE isSchedIn = 1)")
     with pytest.raises(TraceFormatError, match=r"column cpu holds 32768, .*CPU number"):
         open_trace(broken, trace_id="h", frame_cache=False).frame("sched")
+
+
+def test_copy_memory_and_thread_state_labels_are_one_byte_codes(tmp_path: Path) -> None:
+    # the labels the export's codes name, per row (brute force over the raw rows), held as
+    # one-byte codes of their own vocabularies; an unknown code keeps its number
+    varied = copy_export(EXAMPLE, tmp_path / "t.sqlite")
+    execute(varied, "UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = CASE rowid % 4 WHEN 0 "
+            "THEN 1 WHEN 1 THEN 2 WHEN 2 THEN 8 ELSE 77 END, srcKind = rowid % 8, "
+            "dstKind = (rowid + 3) % 8")
+    with sqlite3.connect(varied) as db:
+        mem = {i: lbl.lower().replace(" ", "_") for i, lbl in
+               db.execute("SELECT id, label FROM ENUM_CUDA_MEM_KIND")}
+        raw = db.execute("SELECT copyKind, srcKind, dstKind FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+        want = sorted((COPY_KINDS[c][0] if c in COPY_KINDS else f"Unknown({c})", mem[s],
+                       mem[d]) for c, s, d in raw)
+    ops = open_trace(varied, trace_id="t", frame_cache=False).gpu_ops
+    for column, dtype in (("copy_kind", schemas.COPY_KIND), ("src_kind", schemas.MEMORY_KIND),
+                          ("dst_kind", schemas.MEMORY_KIND)):
+        assert ops.schema[column] == dtype and ops[column].to_physical().dtype == pl.UInt8
+    copies = ops.filter(pl.col("kind") == "memcpy").select(
+        pl.col("copy_kind", "src_kind", "dst_kind").cast(pl.String))
+    assert sorted(copies.iter_rows()) == want and len(want) > 4
+    host = open_trace(HOST_FIXTURE, trace_id="h", frame_cache=False)
+    states = host.frame("cpu_samples")["thread_state"]
+    assert states.dtype == schemas.THREAD_STATE and states.to_physical().dtype == pl.UInt8
+    assert host.frame("sched")["out_state"].dtype == schemas.THREAD_STATE
+    with sqlite3.connect(HOST_FIXTURE) as db:  # the fixture's samples: 294, all running
+        n_running = db.execute("SELECT count(*) FROM COMPOSITE_EVENTS WHERE threadState = 1")
+        running = states.to_frame().select((pl.col("thread_state") == "running").sum()).item()
+        assert running == n_running.fetchone()[0] == states.len()
+
+
+def test_a_damaged_vocabulary_is_rejected_without_filling_it(tmp_path: Path) -> None:
+    # nsys writes a few thread states; hundreds of distinct codes are a damaged export, and
+    # the shared vocabulary stays as it was for the next trace of this process
+    broken = copy_export(HOST_FIXTURE, tmp_path / "in" / "h.sqlite")
+    execute(broken, "UPDATE COMPOSITE_EVENTS SET threadState = 100 + rowid")
+    before = schemas.THREAD_STATE.categories.to_series().len()
+    with pytest.raises(TraceFormatError, match=r"column thread_state holds 294 distinct labels"):
+        open_trace(broken, trace_id="h", frame_cache=False).frame("cpu_samples")
+    assert schemas.THREAD_STATE.categories.to_series().len() == before
+    assert open_trace(HOST_FIXTURE, frame_cache=False).frame("cpu_samples").height == 294
+    # an analysis says so in one line and writes nothing
+    planted, _ = HOST_SCENARIOS["cpu_bound_input"](tmp_path / "planted.sqlite")
+    execute(planted, "UPDATE COMPOSITE_EVENTS SET threadState = 100 + rowid")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["analyze", str(planted), "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ")
+    assert ": column thread_state holds 240 distinct labels" in lines[0]
+    assert "export the report again" in lines[0] and not (out / "planted").exists()
 
 
 def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:

@@ -7,9 +7,11 @@ columns on the session timeline, intervals are half-open ``[start_ns, end_ns)``,
 Text in the canonical event frames is dictionary-encoded, so that a frame costs what its data
 costs (a 1M-kernel ``gpu_ops`` held ~600 MB of copied kernel names as String):
 
-- an open vocabulary (names, domains, memory kinds) is ``pl.Categorical()`` (`CAT`): each row
-  holds a 32-bit code into polars' global categories, which are freed once no column uses
-  them. Categoricals sort, compare and take min/max by their text, like String;
+- an open vocabulary (names, domains) is ``pl.Categorical()`` (`CAT`): each row holds a
+  32-bit code into polars' global categories, which are freed once no column uses them.
+  Categoricals sort, compare and take min/max by their text, like String;
+- an open vocabulary of a few labels (copy kinds, memory kinds, thread states) is a
+  `small_vocabulary`: a Categorical of its own categories with 8-bit codes;
 - a closed vocabulary is a ``pl.Enum`` of it (`GPU_OP_KIND`, `OP_CLASS`, `API_CLASS`,
   `API_LAYER`, `NVTX_STYLE`, `SYNC_TYPE`, `MEMORY_OP`); a value outside it cannot be stored.
   Its categories are in lexical order (``sorted`` of the vocabulary tuple, which keeps its
@@ -64,6 +66,25 @@ STR = pl.String
 BOOL = pl.Boolean
 #: an open vocabulary of the canonical frames (module docstring)
 CAT = pl.Categorical()
+#: the most labels a `small_vocabulary` holds (one byte per row)
+SMALL_VOCABULARY_MAX = 256
+
+
+def small_vocabulary(name: str) -> pl.Categorical:
+    """The Categorical of an open vocabulary of a few labels (memory kinds, copy kinds, thread
+    states: CUDA's and the kernel's enums, a few dozen at most, plus the number of a code
+    nsysan does not know): its own categories with one-byte codes, instead of the global
+    categories' four bytes per row. Labels sort, compare and take min/max by their text like
+    any Categorical; a frame's column joins only a column of the same vocabulary."""
+    return pl.Categorical(pl.Categories(f"nsysan_{name}", physical=pl.UInt8))
+
+
+#: `gpu_ops.copy_kind` (HtoD, DtoH, ...)
+COPY_KIND = small_vocabulary("copy_kind")
+#: `gpu_ops.src_kind` and ``dst_kind`` (pageable, pinned, device, ...)
+MEMORY_KIND = small_vocabulary("memory_kind")
+#: `cpu_samples.thread_state` and `sched.out_state` (running, sleeping, ...)
+THREAD_STATE = small_vocabulary("thread_state")
 
 # ---------------------------------------------------------------------------------------------
 # Vocabularies
@@ -127,9 +148,9 @@ GPU_OPS = pl.Schema(
         "correlation_id": CUDA_ID,
         "name": CAT,  # kernel short name, or the copy kind / "memset"
         "demangled_name": CAT,  # kernels: full demangled signature; else same as name
-        "copy_kind": CAT,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
-        "src_kind": CAT,  # pageable | pinned | device | managed | ... (memcpy only)
-        "dst_kind": CAT,  # memcpy: destination memory kind; memset: the memory kind set
+        "copy_kind": COPY_KIND,  # HtoD | DtoH | DtoD | HtoH | PtoP | ... (memcpy only)
+        "src_kind": MEMORY_KIND,  # pageable | pinned | device | managed | ... (memcpy only)
+        "dst_kind": MEMORY_KIND,  # memcpy: destination memory kind; memset: the kind set
         "bytes": I64,
         "graph_node_id": I64,
         "grid_x": I32,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsysan.frames.schemas import BOOL, CPU, I64, OS_ID, STACK_LAYER, STR
+from nsysan.frames.schemas import BOOL, CPU, I64, OS_ID, STACK_LAYER, STR, THREAD_STATE
 
 SCHED = pl.Schema(
     {
@@ -22,8 +22,8 @@ SCHED = pl.Schema(
         "end_ns": I64,  # switch-out (or the session end when it never switched out)
         "open_start": BOOL,  # no switch-in before the first switch-out: opened at session start
         "open_end": BOOL,  # no switch-out after the last switch-in: closed at session end
-        # thread state at the switch-out, where the export has it (a few labels: Categorical)
-        "out_state": pl.Categorical(),
+        # thread state at the switch-out, where the export has it (a few labels)
+        "out_state": THREAD_STATE,
     }
 )
 CPU_SAMPLES = pl.Schema(
@@ -36,7 +36,7 @@ CPU_SAMPLES = pl.Schema(
         "tid": OS_ID,
         "cpu": CPU,
         # ENUM_SAMPLING_THREAD_STATE label, snake_case (running, ...): a few labels
-        "thread_state": pl.Categorical(),
+        "thread_state": THREAD_STATE,
         # stack depth 0; Categorical like cpu_stacks' (a few thousand distinct values)
         "leaf_symbol": pl.Categorical(),
         "leaf_module": pl.Categorical(),

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from nsysan.errors import SchemaError
+from nsysan.errors import SchemaError, TraceFormatError
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.order import tie_order
 from nsysan.frames.trace import TraceMeta
@@ -473,9 +473,11 @@ class Adapter:
         return df
 
 
-def categorical(key: pl.Expr, table: pl.DataFrame, used: pl.Series | None = None) -> pl.Expr:
+def categorical(key: pl.Expr, table: pl.DataFrame, used: pl.Series | None = None,
+                dtype: pl.Categorical = schemas.CAT, column: str = "") -> pl.Expr:
     """``key`` (integer) mapped through ``table`` (``id``, ``value``: unique ids) to a
-    Categorical, null where the key is null or not in the table.
+    Categorical (``dtype``: the global one, or a `schemas.small_vocabulary` for ``column``),
+    null where the key is null or not in the table.
 
     Only the lookup is cast to Categorical (restricted to the ids in ``used`` when given: a
     StringIds table holds every string of the trace), and the mapping gives every row the
@@ -483,7 +485,35 @@ def categorical(key: pl.Expr, table: pl.DataFrame, used: pl.Series | None = None
     hundred ~560-byte signatures cost 4 bytes each."""
     if used is not None:
         table = table.filter(pl.col("id").is_in(used.drop_nulls().unique().implode()))
-    return key.replace_strict(table["id"], table["value"].cast(schemas.CAT), default=None)
+    values = small_labels(table["value"], dtype, column) if dtype != schemas.CAT else (
+        table["value"].cast(dtype))
+    return key.replace_strict(table["id"], values, default=None)
+
+
+#: the most labels one trace may bring to a small vocabulary (`small_labels`)
+SMALL_LABELS_PER_TRACE = 64
+
+
+def small_labels(values: pl.Series, dtype: pl.Categorical, column: str) -> pl.Series:
+    """``values`` (String: the labels a trace uses) cast to the small vocabulary ``dtype`` of
+    ``column``. nsys writes a few dozen labels at most there; more than
+    `SMALL_LABELS_PER_TRACE` is a damaged export, rejected before any label joins the
+    vocabulary (which every later trace of this process shares: one damaged export must
+    not fill it), and so is a vocabulary full after many traces (`TraceFormatError`)."""
+    n = values.n_unique()
+    if n > SMALL_LABELS_PER_TRACE:
+        why = f"holds {n} distinct labels"
+    else:
+        try:
+            return values.cast(dtype)
+        except pl.exceptions.ComputeError as e:
+            if "maximum" not in str(e):
+                raise
+        why = (f"brings the labels of the traces this process read to more than "
+               f"{schemas.SMALL_VOCABULARY_MAX}")
+    raise TraceFormatError(
+        f"column {column} {why}, where nsys writes a few dozen: the export is damaged or was "
+        "not written by nsys; export the report again (nsys export --type sqlite)")
 
 
 def enum_mapped(key: pl.Expr, mapping: Mapping[int, str], dtype: pl.Enum) -> pl.Expr:

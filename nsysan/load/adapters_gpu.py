@@ -77,6 +77,9 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         return key.otherwise(memset_key)
 
     mem = adapter.enum_labels("ENUM_CUDA_MEM_KIND", MEM_KINDS).rename({"label": "value"})
+    # (the kinds the ops use: their labels join a small vocabulary, `schemas.MEMORY_KIND`)
+    mem = mem.filter(pl.col("id").is_in(
+        pl.concat([ops["srcKind"], ops["_dst"]]).drop_nulls().unique().implode()))
     classes = {-1: "memset", 0: "nccl", 1: "compute",
                **{-2 - k: c for k, (_, c) in COPY_KINDS.items()}}
     nccl = pl.col("shortName").is_in(_nccl_ids(adapter, "starts_with")) | pl.col(
@@ -94,9 +97,12 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         correlation_id="correlationId",
         name=categorical(by_kind(pl.col("shortName"), copy_key), labels),
         demangled_name=categorical(by_kind(pl.col("demangledName"), copy_key), labels),
-        copy_kind=categorical(pl.when(kind == 1).then(copy_key), labels),
-        src_kind=categorical(pl.col("srcKind"), mem),
-        dst_kind=categorical(pl.col("_dst"), mem),
+        copy_kind=categorical(pl.when(kind == 1).then(copy_key),
+                              labels.filter(pl.col("id") < memset_key),
+                              dtype=schemas.COPY_KIND, column="copy_kind"),
+        src_kind=categorical(pl.col("srcKind"), mem, dtype=schemas.MEMORY_KIND,
+                             column="src_kind"),
+        dst_kind=categorical(pl.col("_dst"), mem, dtype=schemas.MEMORY_KIND, column="dst_kind"),
         bytes="bytes",
         graph_node_id="graphNodeId",
         grid_x="gridX", grid_y="gridY", grid_z="gridZ",

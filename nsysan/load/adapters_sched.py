@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from nsysan.frames import schemas_host
+from nsysan.frames import schemas, schemas_host
 from nsysan.frames.order import content_sort, content_sort_in_place
-from nsysan.load.adapters import Adapter, pid_of, tid_of
+from nsysan.load.adapters import Adapter, pid_of, small_labels, tid_of
 
 SCHED_TABLE = "SCHED_EVENTS"
 #: built-in labels for thread states (nsys' ENUM_SAMPLING_THREAD_STATE numbering)
@@ -51,7 +51,8 @@ def state_labels(adapter: Adapter, codes: pl.DataFrame, code: str, out: str) -> 
     labels = adapter.enum_labels(STATE_ENUM, THREAD_STATES).rename({"id": code, "label": out})
     lookup = codes.select(pl.col(code).unique().drop_nulls()).join(
         labels, on=code, how="left").select(
-        code, pl.coalesce(out, pl.col(code).cast(pl.String)).cast(pl.Categorical).alias(out))
+        code, pl.coalesce(out, pl.col(code).cast(pl.String)).alias(out))
+    lookup = lookup.with_columns(small_labels(lookup[out], schemas.THREAD_STATE, out))
     return codes.join(lookup, on=code, how="left", maintain_order="left")
 
 

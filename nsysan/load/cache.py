@@ -41,8 +41,9 @@ MIN_BYTES = 64 << 20
 #: thread states Categorical; 6: the text of the event frames Categorical or Enum; 7: OS ids,
 #: CPUs, launch geometry and API return values Int32; 8: CUDA device, context, stream and
 #: correlation ids Int32; 9: those ids UInt32, as CUPTI records them; 10: stored without
-#: the trace_id column, added back on load; 11: launch dimensions but grid x UInt16, CPUs Int16)
-FRAMES_REVISION = 11
+#: the trace_id column, added back on load; 11: launch dimensions but grid x UInt16, CPUs Int16;
+#: 12: copy kinds, memory kinds and thread states as one-byte small vocabularies)
+FRAMES_REVISION = 12
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
