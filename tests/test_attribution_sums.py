@@ -3,6 +3,8 @@ arithmetic member codes) give exactly what the general `packed_keys` paths give.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pytest
@@ -184,6 +186,26 @@ def test_member_concurrency_serial_path_equals_the_member_sweeps(rows, serial):
         keys = Keys([x], ["device_id"], ["start_ns", "end_ns"])
         assert sweeps._serial(member, n, keys.pack(0, "start_ns").to_numpy(),
                               keys.pack(0, "end_ns").to_numpy())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers(0, 6)),
+                max_size=25), st.sampled_from([1, 2, 3, 1 << 20]))
+def test_the_serial_check_is_the_same_in_any_slices(rows, slice_rows):
+    """`_serial` checks the member order a slice at a time: a member's two overlapping
+    intervals are found wherever the slices cut."""
+    from unittest import mock
+
+    rows = sorted(rows, key=lambda r: r[1])  # in start order, as the sweep gives them
+    member = np.array([m for m, _, _ in rows], np.int64)
+    start = np.array([s for _, s, _ in rows], np.int64)
+    end = start + np.array([n for _, _, n in rows], np.int64)
+    by_member: dict[int, list[tuple[int, int]]] = {}
+    for m, s, e in zip(member, start, end, strict=True):
+        by_member.setdefault(int(m), []).append((int(s), int(e)))
+    want = all(a[1] <= b[0] for iv in by_member.values() for a, b in itertools.pairwise(iv))
+    with mock.patch.object(sweeps, "SERIAL_SLICE", slice_rows):
+        assert sweeps._serial(member, 4, start, end) == want
 
 
 @settings(max_examples=200, deadline=None)

@@ -74,11 +74,12 @@ def enclosing(
     n = np.searchsorted(q_key, r_end, side="right") - lo
     del q_key, r_start, r_end
     q_rows, r_rows = _pairs_inside(order, lo, n, q["_e"].to_numpy(), r["_e"].to_numpy())
-    return (
-        q.select(pl.col([*by, query_id] if keep_by else [query_id]).gather(q_rows))
-        .hstack(r.select(pl.col(range_id).gather(r_rows)))
-        .lazy()
-    )
+    # (the search arrays and the bounds go before the ids are gathered: with the pairs, the
+    # largest arrays of the pass)
+    del order, lo, n
+    q = q.select([*by, query_id] if keep_by else [query_id])
+    r = r.select(range_id)
+    return q.select(pl.all().gather(q_rows)).hstack(r.select(pl.all().gather(r_rows))).lazy()
 
 
 #: `enclosing` expands the candidate pairs of at most this many ranges' blocks at a time
@@ -91,7 +92,12 @@ def _pairs_inside(order: np.ndarray, lo: np.ndarray, n: np.ndarray, q_end: np.nd
                   r_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (query row, range row) pairs of `enclosing`: range ``i`` holds the sorted queries
     ``order[lo[i] : lo[i] + n[i]]`` (those starting inside it), kept when the query also ends
-    inside it. In range order, then sorted-query order, whatever the chunking."""
+    inside it. In range order, then sorted-query order, whatever the chunking.
+
+    The rows kept are UInt32 (polars' row index type) when both frames have fewer rows than
+    that holds: the pairs are the pass's largest arrays (queries × nesting depth, ~40M on a
+    10M-kernel trace), held while the ids are gathered."""
+    index = np.uint32 if max(len(order), len(n)) <= np.iinfo(np.uint32).max else np.int64
     kept_q: list[np.ndarray] = []
     kept_r: list[np.ndarray] = []
     for a, b in runs_within(np.cumsum(n), PAIR_CHUNK):
@@ -102,10 +108,10 @@ def _pairs_inside(order: np.ndarray, lo: np.ndarray, n: np.ndarray, q_end: np.nd
                        + np.arange(len(r_rows))]
         # The end test in numpy, before any column is gathered: only the pairs kept are built.
         inside = q_end[q_rows] <= r_end[r_rows]
-        kept_q.append(q_rows[inside])
-        kept_r.append(r_rows[inside])
+        kept_q.append(q_rows[inside].astype(index))
+        kept_r.append(r_rows[inside].astype(index))
     if not kept_q:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(0, index), np.zeros(0, index)
     if len(kept_q) == 1:
         return kept_q[0], kept_r[0]
     return np.concatenate(kept_q), np.concatenate(kept_r)
@@ -323,28 +329,40 @@ def equal_shares(
     keys = Keys([x], by, [start, end], low=2)
     k_start, k_end = keys.pack(0, start).to_numpy(), keys.pack(0, end).to_numpy()
     key = interval_events(k_start, k_end)
+    # (Arrays of one value per event, two per interval: each is computed in place where it
+    # can be and dropped after its last use, so that few are alive at once on millions of
+    # ops.)
     # The active count after all events at an instant: the running sum at its last event
     # (deltas sum to zero per group, so the sum restarts at every group by itself).
-    count = np.cumsum((key & 1) * 2 - 1)
+    count = key & 1
+    count <<= 1
+    count -= 1
+    np.cumsum(count, out=count)
     key >>= 1
     last = np.ones(len(key), bool)
-    last[:-1] = key[1:] != key[:-1]
+    np.not_equal(key[1:], key[:-1], out=last[:-1])
     key, count = key[last], count[last]
+    del last
     group = key // keys.span
     t = keys.times(key, group)
     # Weight of the segment [t, next): its length divided by how many intervals are active.
     weight = np.zeros(len(key))
     live = np.flatnonzero((count[:-1] > 0) & (group[:-1] == group[1:]))
     weight[live] = (t[live + 1] - t[live]).astype(np.float64) / count[live]
+    del live, t, count
     # F(t) relative to the group's first breakpoint keeps the Float64 values small; the sum
     # restarts per group (a loop over the groups, e.g. devices) so every share is summed in
     # the same order as a per-group sweep would.
-    f = np.zeros(len(key))
     bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1], True]) if len(key) else [0]
+    del group
+    f = np.zeros(len(key))
     for lo, hi in itertools.pairwise(bounds):
         f[lo + 1:hi] = np.cumsum(weight[lo:hi - 1])
+    del weight
     at_s = pl.Series(f[np.searchsorted(key, k_start, side="left")])
+    del k_start
     at_e = pl.Series(f[np.searchsorted(key, k_end, side="left")])
+    del key, f, k_end
     share = x.select(
         pl.when(pl.col(end) > pl.col(start)).then(at_e - at_s).otherwise(0.0).alias(name)
     )[name]

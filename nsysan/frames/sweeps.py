@@ -182,7 +182,14 @@ def member_concurrency(
         del member
         key = interval_events(k_start, k_end)
         del k_start, k_end
-        level = np.cumsum((key & 1).astype(np.int8) * 2 - 1, dtype=np.int32)
+        # (+1 at a start, -1 at an end, from the low bit in one int8 array: the low byte
+        # of a key holds its low bit)
+        delta = key.astype(np.int8)
+        delta &= 1
+        delta <<= 1
+        delta -= 1
+        level = np.cumsum(delta, dtype=np.int32)
+        del delta
         key >>= 1
     else:
         key = interval_events(k_start, k_end, bits, member)
@@ -201,10 +208,16 @@ def member_concurrency(
     if not len(key):
         return keys.attach_by(pl.DataFrame(
             schema={GROUP: pl.Int64, max_name: pl.Int64, mean_name: pl.Float64}))
-    # (one group, as a trace per rank with one device: no group code per event)
-    group = None if keys.one_group else key // keys.span
-    firsts = (np.zeros(1, np.int64) if group is None
-              else np.flatnonzero(np.r_[True, group[1:] != group[:-1]]))
+    # Each group's first event, and its group code (one group, as a trace per rank with one
+    # device: no group code per event; else the codes of every event are dropped before the
+    # segments' lengths are made beside the keys and levels)
+    if keys.one_group:
+        firsts, group = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    else:
+        every = key // keys.span
+        firsts = np.flatnonzero(np.r_[True, every[1:] != every[:-1]])
+        group = every[firsts]
+        del every
     # Every event opens the segment up to the next event, at the level after it. No need to
     # keep only an instant's last event: the segments between events of one instant are
     # empty (length 0), and inside an instant the level first falls (ends) then rises
@@ -212,11 +225,7 @@ def member_concurrency(
     # last segment runs into the next group: its length is set to 0.
     length = keys.lengths(key[:-1], key[1:])
     del key
-    if group is None:
-        group = np.zeros(1, np.int64)
-    else:
-        length[group[:-1] != group[1:]] = 0
-        group = group[firsts]
+    length[firsts[1:] - 1] = 0  # (the segment before a group's first event)
     # Integer sums, then one division: exactly what a group-by of n * length would give.
     # Busy time is the length of the segments with a member active; zeroing the others
     # first changes no sum of level * length (their level is 0), so both sums come from
@@ -233,6 +242,10 @@ def member_concurrency(
     return keys.attach_by(out)
 
 
+#: rows of the member order `_serial` checks at once
+SERIAL_SLICE = 1 << 20
+
+
 def _serial(member: np.ndarray, n_members: int, start: np.ndarray, end: np.ndarray) -> bool:
     """Whether no member's intervals overlap (touching is fine), for rows in ``start`` order
     (else False: not worth a sort to find out). A stable radix sort by member keeps each
@@ -242,8 +255,14 @@ def _serial(member: np.ndarray, n_members: int, start: np.ndarray, end: np.ndarr
     if not np.all(start[1:] >= start[:-1]):
         return False
     order = stable_order(member, n_members)
-    m, s, e = member[order], start[order], end[order]
-    return not np.any((m[1:] == m[:-1]) & (e[:-1] > s[1:]))
+    # (a slice of the order at a time, one row into the next: its rows' members and bounds
+    # are gathered for the slice only, not three arrays of every row beside the order)
+    for lo in range(0, len(order) - 1, SERIAL_SLICE):
+        rows = order[lo:lo + SERIAL_SLICE + 1]
+        m, s, e = member[rows], start[rows], end[rows]
+        if np.any((m[1:] == m[:-1]) & (e[:-1] > s[1:])):
+            return False
+    return True
 
 
 def member_codes(x: pl.DataFrame, cols: list[str]) -> tuple[np.ndarray, int]:
