@@ -121,9 +121,9 @@ def needed_columns(trace: Path) -> tuple[dict[str, list[str]], list[str]]:
         cols.extend(c for c in columns if c not in cols)
         return orig(self, table, columns)
 
-    def spy_query(self, table, sql, columns):
+    def spy_query(self, table, sql, columns, *args, **kwargs):
         filtered.append(sql)
-        return orig_query(self, table, sql, columns)
+        return orig_query(self, table, sql, columns, *args, **kwargs)
 
     SqliteSource.read, SqliteSource._read_query = spy, spy_query
     try:

@@ -241,3 +241,27 @@ def test_layer_counts_equal_a_group_by(monkeypatch: pytest.MonkeyPatch, dense: b
     keys = ["global_tid", "step", "layer"]
     assert got.sort(keys).equals(want.cast({"n_samples": pl.Int64}).sort(keys))
     assert got.filter(pl.col("step").is_null())["n_samples"].sum() == n
+
+
+def test_the_benchmark_floor_records_every_read_of_an_analysis(tmp_path: Path) -> None:
+    """`bench/bench_analyze.py`'s sqlite3 floor replays the reads an analysis makes: the
+    whole-table reads and the filtered scan of the call chains, recorded by spying on the
+    reader (the spy broke once, silently, when the reader gained a parameter)."""
+    import sys
+
+    from conftest import REPO_ROOT
+
+    from nsysan.testing.host_scenarios import SCENARIOS
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import bench_analyze
+    finally:
+        sys.path.pop(0)
+    path, _ = SCENARIOS["cpu_bound_input"](tmp_path / "host.sqlite")
+    columns, filtered = bench_analyze.needed_columns(path)
+    assert {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "COMPOSITE_EVENTS",
+            "SCHED_EVENTS"} <= set(columns)
+    assert any("SAMPLING_CALLCHAINS" in q for q in filtered)
+    sql = bench_analyze.floor_sql((columns, filtered))
+    assert "SAMPLING_CALLCHAINS" in sql and "COMPOSITE_EVENTS" in sql
+    assert "SAMPLING_CALLCHAINS" not in bench_analyze.floor_sql((columns, filtered), host=False)
