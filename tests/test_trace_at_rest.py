@@ -146,6 +146,32 @@ def test_an_analysis_never_filters_joins_or_sorts_a_whole_big_frame(
     _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path), monkeypatch)
 
 
+def test_no_whole_big_frame_is_filtered_by_the_memory_pass_or_the_perfetto_trace(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, on a trace with CUDA memory events (the memory pass's innermost ranges),
+    with the Perfetto trace written too (its GPU and NVTX tracks)."""
+    pytest.importorskip("perfetto")
+    from nsysan.testing._memory import CASES, memory_case
+
+    path = memory_case(tmp_path / "memory.sqlite", CASES[0])
+    _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path, perfetto=True),
+                                   monkeypatch)
+
+
+def test_no_whole_big_frame_is_filtered_for_the_ranks_of_a_cpu_only_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, for the rank processes of a profile without GPU work (MPI ranks told apart
+    by their NVTX ranges), and for the host lanes of the report's timeline."""
+    from nsysan.multirank.ranks import rank_processes
+    from nsysan.passes import host
+
+    trace = open_trace(FIXTURES / "cpu_nvtx_osrt.sqlite", frame_cache=False)
+    _assert_no_whole_frame_filters(lambda: rank_processes(trace), monkeypatch)
+    sampled = open_trace(FIXTURES / "cpu_host_sampling.sqlite", frame_cache=False)
+    tids = sampled.frame("cpu_samples")["global_tid"].unique()
+    _assert_no_whole_frame_filters(lambda: host._host_frames(sampled, tids), monkeypatch)
+
+
 @pytest.mark.parametrize("scenario", sorted(HOST_SCENARIOS))
 def test_no_whole_big_frame_is_filtered_on_the_host_scenarios(
         scenario: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,11 +184,27 @@ def test_no_whole_big_frame_is_filtered_on_the_host_scenarios(
 def test_no_finding_filters_a_whole_big_frame(
         case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, for every rule on the hand-built findings cases: each plants one finding
-    (a launch-bound loop, unoverlapped H2D copies...), so each rule's evidence path runs."""
+    (a launch-bound loop, unoverlapped H2D copies...), so that finding's evidence path runs
+    (rules whose finding no case plants stop earlier: a slow start has its own test)."""
     from nsysan.findings import diagnose
 
     trace, results = findings_case(case)
     _assert_no_whole_frame_filters(lambda: diagnose(trace, results), monkeypatch)
+
+
+def test_no_whole_big_frame_is_filtered_by_a_slow_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, for SLOW_START's calls before the first kernel (a 40 s start-up)."""
+    from findings_cases import MS, Case, _steps, healthy
+
+    from nsysan.findings import diagnose
+
+    case: Case = healthy()
+    case.api("cuInit", "other", -40_000 * MS, -40_000 * MS + 5 * MS)
+    trace, results = case.build(_steps())
+    found: list[str] = []
+    _assert_no_whole_frame_filters(
+        lambda: found.extend(f.code for f in diagnose(trace, results).findings), monkeypatch)
+    assert "SLOW_START" in found  # (the path under test ran)
 
 
 @pytest.mark.shared
@@ -175,10 +217,10 @@ def test_no_whole_big_frame_is_filtered_on_traces_with_host_evidence(
     _assert_no_whole_frame_filters(lambda: _analyze(path, tmp_path), monkeypatch)
 
 
-def _analyze(path, tmp_path) -> None:
+def _analyze(path, tmp_path, perfetto: bool = False) -> None:
     from nsysan.api import analyze_to_dir
 
-    analyze_to_dir(open_trace(path, frame_cache=False), tmp_path / "out")
+    analyze_to_dir(open_trace(path, frame_cache=False), tmp_path / "out", perfetto=perfetto)
 
 
 def _assert_no_whole_frame_filters(run, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,10 @@ def _collectives_from_nvtx(ctx: Context) -> pl.DataFrame:
     nvtx = ctx.need_frame("nvtx")
     att = ctx.need_table("attribution")
     nccl_domain = per_value(nvtx, "domain", pl.col("domain").str.to_lowercase() == "nccl")
-    sized = (nvtx.filter(pl.col("payload_json").is_not_null() & nccl_domain)
+    # (filtered inside a select: a filter of the whole frame would expand its constant
+    # columns to every row, `nsysan.frames.trace`)
+    sized = (nvtx.select(pl.col("range_id", "name", "payload_json").filter(
+        pl.col("payload_json").is_not_null() & nccl_domain))
              .with_columns(pl.col("payload_json").str.extract(_SIZE_RE, 1).cast(pl.Int64)
                            .alias("msg_bytes"),
                            pl.col("payload_json").str.extract(_RANKS_RE, 1).cast(pl.Int64)
@@ -102,7 +105,7 @@ def _collectives_from_nvtx(ctx: Context) -> pl.DataFrame:
              .filter(pl.col("msg_bytes").is_not_null()))
     if sized.is_empty():
         ops = ctx.trace.frame("gpu_ops") if ctx.trace.has("gpu_ops") else None
-        if ops is None or ops.filter(pl.col("op_class") == "nccl").is_empty():
+        if ops is None or not ops.select((pl.col("op_class") == "nccl").any()).item():
             raise NotEvaluated("no NCCL collectives in the trace")
         raise NotEvaluated("collective message sizes are not in this export "
                            "(no NCCL NVTX payloads)")
@@ -320,7 +323,8 @@ def slow_start(ctx: Context) -> list[Finding]:
            else "info" if worst >= p.start_info_ns else None)
     if sev is None:
         return []
-    before = api.filter(pl.col("start_ns") < first_kernel)
+    before = api.select(pl.col("name", "start_ns", "end_ns").filter(
+        pl.col("start_ns") < first_kernel))
     by = ranked(before.group_by("name").agg(
         pl.len(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")), "ns", p.top_n)
     offenders = [offender("api", nm, int(ns), "ns", count=k) for nm, k, ns in by.iter_rows()]

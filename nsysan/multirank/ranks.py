@@ -89,8 +89,10 @@ def rank_processes(trace: Trace) -> pl.DataFrame:
         )
         return per.sort("pid").select("pid", "global_pid", "device_id", "_n_dev")
     nvtx = trace.frame("nvtx")
-    cpu = nvtx.filter(per_value(nvtx, "name", pl.col("name").str.contains(MPI_OR_NCCL_API_RE))
-                      .fill_null(False))
+    # (inside a select: a filter of the whole frame would expand its constant columns)
+    cpu = nvtx.select(pl.col("pid", "global_pid").filter(
+        per_value(nvtx, "name", pl.col("name").str.contains(MPI_OR_NCCL_API_RE))
+        .fill_null(False)))
     if cpu.is_empty():
         cpu = trace.frame("cuda_api")
     return (

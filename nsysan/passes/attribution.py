@@ -285,7 +285,7 @@ def _unavailable_reason(trace: Trace, ranges: pl.DataFrame, launch_tids: pl.Seri
     if not trace.has("nvtx"):
         return "NVTX was not captured: record with --trace=cuda,nvtx"
     if ranges.is_empty():
-        if trace.nvtx.filter(pl.col("style").is_in(RANGE_STYLES)).height:
+        if trace.nvtx.select(pl.col("style").is_in(RANGE_STYLES).any()).item():
             return "the profile's NVTX ranges all end on another thread than they start"
         return "the profile has no NVTX ranges"
     if trace.gpu_ops.is_empty():

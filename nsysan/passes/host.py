@@ -362,7 +362,8 @@ def _host_frames(trace: Trace, tids: pl.Series | None = None) -> tuple[pl.DataFr
             layer=pl.lit(None, dtype=LAYER))
     raw = trace.frame("cpu_samples")
     if tids is not None:
-        raw = raw.filter(pl.col("global_tid").is_in(tids.implode()))
+        # (inside a select: a filter of the whole frame would expand its constant columns)
+        raw = raw.select(pl.all().filter(pl.col("global_tid").is_in(tids.implode())))
     return sched, sample_layers(trace, raw)
 
 

@@ -469,10 +469,13 @@ def _innermost_ranges(trace: Trace, calls: pl.DataFrame) -> pl.DataFrame:
                          "nvtx_name": pl.Series([None] * calls.height, dtype=schemas.CAT)})
     if not trace.has("nvtx") or trace.nvtx.is_empty() or calls.is_empty():
         return none
-    ranges = trace.nvtx.filter(
+    # (the columns read, filtered inside the select: a filter of the whole frame would
+    # expand its constant columns to every row, `nsysan.frames.trace`)
+    ranges = trace.nvtx.select(pl.col("global_tid", "range_id", "start_ns", "end_ns", "depth",
+                                      "name").filter(
         (pl.col("style") != "mark") & pl.col("end_ns").is_not_null()
         & (pl.col("end_global_tid").is_null()
-           | (pl.col("end_global_tid") == pl.col("global_tid"))))
+           | (pl.col("end_global_tid") == pl.col("global_tid")))))
     if ranges.is_empty():
         return none
     queries = calls.select(

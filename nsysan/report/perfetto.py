@@ -261,9 +261,12 @@ def build(trace: Trace, tables: dict[str, pl.DataFrame],
     w = _Writer(require())
     rank = 0
     if trace.has("gpu_ops") and not trace.gpu_ops.is_empty():
-        ops = trace.gpu_ops.filter(pl.col("start_ns") > 0, pl.col("device_id").is_not_null(),
-                                   pl.col("end_ns") >= pl.col("start_ns")).select(
-            "device_id", "pid", "stream_id", "start_ns", "end_ns", "name", "op_class")
+        # (filtered inside the select: a filter of the whole frame would expand its
+        # constant columns to every row, `nsysan.frames.trace`)
+        ops = trace.gpu_ops.select(
+            pl.col("device_id", "pid", "stream_id", "start_ns", "end_ns", "name", "op_class")
+            .filter((pl.col("start_ns") > 0) & pl.col("device_id").is_not_null()
+                    & (pl.col("end_ns") >= pl.col("start_ns"))))
         busy = {tl.device_id: tl for tl in plots.device_timelines(trace, tables)}
         for (dev,), of_dev in sorted(ops.partition_by("device_id", as_dict=True).items()):
             parent = w.track(f"GPU {dev}", rank=rank)
@@ -283,9 +286,9 @@ def build(trace: Trace, tables: dict[str, pl.DataFrame],
                 w.counter(c, [*tl.edges[:-1].tolist(), int(tl.edges[-1])],
                           [*tl.busy.tolist(), 0.0])
     if trace.has("nvtx") and not trace.nvtx.is_empty():
-        nvtx = trace.nvtx.filter(pl.col("end_ns").is_not_null()
-                                 & (pl.col("end_ns") >= pl.col("start_ns"))).select(
-            "pid", "tid", "global_tid", "start_ns", "end_ns", "name")
+        nvtx = trace.nvtx.select(
+            pl.col("pid", "tid", "global_tid", "start_ns", "end_ns", "name")
+            .filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") >= pl.col("start_ns"))))
         for _, rows in sorted(nvtx.partition_by("global_tid", as_dict=True).items(),
                                     key=lambda kv: (kv[0][0] is None, kv[0][0] or 0)):
             rows = rows.sort(["start_ns", "end_ns", "name"], nulls_last=True)
