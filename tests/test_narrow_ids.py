@@ -182,15 +182,50 @@ def test_copy_memory_and_thread_state_labels_are_one_byte_codes(tmp_path: Path) 
         assert running == n_running.fetchone()[0] == states.len()
 
 
+@pytest.mark.parametrize("kind", [-1, -2, -7])
+def test_a_negative_copy_kind_is_an_error(tmp_path: Path, kind: int) -> None:
+    # CUPTI's copy kinds are 0 or more; nsysan keys the copies' labels below -1, so a
+    # negative kind would take another label (or fail inside polars): one line instead
+    broken = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    execute(broken, f"UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = {kind} WHERE rowid = 2")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["analyze", str(broken), "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert f"column copyKind of CUPTI_ACTIVITY_KIND_MEMCPY holds {kind}" in lines[0]
+    assert not (out / "t").exists()
+
+
 def test_a_damaged_vocabulary_is_rejected_without_filling_it(tmp_path: Path) -> None:
     # nsys writes a few thread states; hundreds of distinct codes are a damaged export, and
     # the shared vocabulary stays as it was for the next trace of this process
     broken = copy_export(HOST_FIXTURE, tmp_path / "in" / "h.sqlite")
     execute(broken, "UPDATE COMPOSITE_EVENTS SET threadState = 100 + rowid")
-    before = schemas.THREAD_STATE.categories.to_series().len()
+    # (a frame of this process holding labels: polars frees the labels no column holds)
+    held = open_trace(HOST_FIXTURE, frame_cache=False).frame("cpu_samples")["thread_state"]
+    before = schemas.THREAD_STATE.categories.to_series().to_list()
+    assert "running" in before
     with pytest.raises(TraceFormatError, match=r"column thread_state holds 294 distinct labels"):
         open_trace(broken, trace_id="h", frame_cache=False).frame("cpu_samples")
-    assert schemas.THREAD_STATE.categories.to_series().len() == before
+    assert schemas.THREAD_STATE.categories.to_series().to_list() == before
+    # nor may a few labels fill it after many traces: the vocabulary (255 labels) is checked
+    # before any is added
+    room = schemas.SMALL_VOCABULARY_MAX - len(before)
+    filler = pl.Series([f"held_{i}" for i in range(room - 3)]).cast(schemas.THREAD_STATE)
+    full = schemas.THREAD_STATE.categories.to_series().to_list()
+    few = copy_export(HOST_FIXTURE, tmp_path / "few" / "h.sqlite")
+    execute(few, "UPDATE COMPOSITE_EVENTS SET threadState = 100 + rowid % 10")
+    with pytest.raises(TraceFormatError, match=r"column thread_state brings the labels .* 255"):
+        open_trace(few, trace_id="h", frame_cache=False).frame("cpu_samples")
+    assert schemas.THREAD_STATE.categories.to_series().to_list() == full
+    assert held.to_frame().select((pl.col("thread_state") == "running").all()).item()
+    assert filler.cast(pl.String).to_list()[-1] == f"held_{room - 4}"
+    del filler
+    # frames made elsewhere (notebooks, `Trace.from_frames`) are checked when conformed
+    with pytest.raises(TraceFormatError, match=r"column out_state holds 70 distinct labels"):
+        schemas.conform(pl.DataFrame({"out_state": [f"s{i}" for i in range(70)]}),
+                        pl.Schema({"out_state": schemas.THREAD_STATE}))
     assert open_trace(HOST_FIXTURE, frame_cache=False).frame("cpu_samples").height == 294
     # an analysis says so in one line and writes nothing
     planted, _ = HOST_SCENARIOS["cpu_bound_input"](tmp_path / "planted.sqlite")

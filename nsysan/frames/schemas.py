@@ -66,8 +66,10 @@ STR = pl.String
 BOOL = pl.Boolean
 #: an open vocabulary of the canonical frames (module docstring)
 CAT = pl.Categorical()
-#: the most labels a `small_vocabulary` holds (one byte per row)
-SMALL_VOCABULARY_MAX = 256
+#: the most labels a `small_vocabulary` holds (one-byte codes: polars keeps 255)
+SMALL_VOCABULARY_MAX = 255
+#: the most labels one trace may bring to a small vocabulary (`fit_small_vocabulary`)
+SMALL_LABELS_PER_TRACE = 64
 
 
 def small_vocabulary(name: str) -> pl.Categorical:
@@ -85,6 +87,29 @@ COPY_KIND = small_vocabulary("copy_kind")
 MEMORY_KIND = small_vocabulary("memory_kind")
 #: `cpu_samples.thread_state` and `sched.out_state` (running, sleeping, ...)
 THREAD_STATE = small_vocabulary("thread_state")
+SMALL_VOCABULARIES = (COPY_KIND, MEMORY_KIND, THREAD_STATE)
+
+
+def fit_small_vocabulary(values: pl.Series, dtype: pl.Categorical, column: str) -> None:
+    """Check that the labels of ``values`` (the column ``column`` of one trace) fit the small
+    vocabulary ``dtype``, before any of them is added to it: nsys writes a few dozen labels
+    at most there, so more than `SMALL_LABELS_PER_TRACE` is a damaged export, and so is a
+    vocabulary that they would fill (`SMALL_VOCABULARY_MAX` with the labels of the frames
+    this process holds: the vocabulary is shared by every trace, and one damaged export
+    must not leave it full). Raises `TraceFormatError`."""
+    labels = values.drop_nulls().unique().cast(pl.String)
+    if labels.len() > SMALL_LABELS_PER_TRACE:
+        why = f"holds {labels.len()} distinct labels"
+    else:
+        known = dtype.categories.to_series()
+        new = int((~labels.is_in(known.implode())).sum())
+        if known.len() + new <= SMALL_VOCABULARY_MAX:
+            return
+        why = (f"brings the labels of the traces this process holds to more than "
+               f"{SMALL_VOCABULARY_MAX}")
+    raise TraceFormatError(
+        f"column {column} {why}, where nsys writes a few dozen: the export is damaged or was "
+        "not written by nsys; export the report again (nsys export --type sqlite)")
 
 # ---------------------------------------------------------------------------------------------
 # Vocabularies
@@ -343,10 +368,15 @@ def conform(df: pl.DataFrame | pl.LazyFrame, schema: pl.Schema):
     column order and dtypes whatever the source. An integer column of a `pl.DataFrame` that
     narrows to a 16- or 32-bit type is checked first: a value outside that range raises
     `TraceFormatError` (nsys writes no such value there: the input is damaged), never an
-    overflow or a polars error.
+    overflow or a polars error; so are the labels cast to a small vocabulary
+    (`fit_small_vocabulary`).
     """
     if isinstance(df, pl.DataFrame):
         _check_narrowing(df, schema)
+        for name, dtype in schema.items():
+            if (dtype in SMALL_VOCABULARIES and name in df.columns
+                    and df.schema[name] != dtype):
+                fit_small_vocabulary(df[name], dtype, name)
     have = set(df.collect_schema().names())
     exprs = [
         (pl.col(name) if name in have else pl.lit(None)).cast(dtype).alias(name)

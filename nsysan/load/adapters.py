@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from nsysan.errors import SchemaError, TraceFormatError
+from nsysan.errors import SchemaError
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.order import tie_order
 from nsysan.frames.trace import TraceMeta
@@ -490,30 +490,12 @@ def categorical(key: pl.Expr, table: pl.DataFrame, used: pl.Series | None = None
     return key.replace_strict(table["id"], values, default=None)
 
 
-#: the most labels one trace may bring to a small vocabulary (`small_labels`)
-SMALL_LABELS_PER_TRACE = 64
-
-
 def small_labels(values: pl.Series, dtype: pl.Categorical, column: str) -> pl.Series:
     """``values`` (String: the labels a trace uses) cast to the small vocabulary ``dtype`` of
-    ``column``. nsys writes a few dozen labels at most there; more than
-    `SMALL_LABELS_PER_TRACE` is a damaged export, rejected before any label joins the
-    vocabulary (which every later trace of this process shares: one damaged export must
-    not fill it), and so is a vocabulary full after many traces (`TraceFormatError`)."""
-    n = values.n_unique()
-    if n > SMALL_LABELS_PER_TRACE:
-        why = f"holds {n} distinct labels"
-    else:
-        try:
-            return values.cast(dtype)
-        except pl.exceptions.ComputeError as e:
-            if "maximum" not in str(e):
-                raise
-        why = (f"brings the labels of the traces this process read to more than "
-               f"{schemas.SMALL_VOCABULARY_MAX}")
-    raise TraceFormatError(
-        f"column {column} {why}, where nsys writes a few dozen: the export is damaged or was "
-        "not written by nsys; export the report again (nsys export --type sqlite)")
+    ``column``, once `schemas.fit_small_vocabulary` found they fit (else
+    `TraceFormatError`, and the vocabulary left as it was)."""
+    schemas.fit_small_vocabulary(values, dtype, column)
+    return values.cast(dtype)
 
 
 def enum_mapped(key: pl.Expr, mapping: Mapping[int, str], dtype: pl.Enum) -> pl.Expr:

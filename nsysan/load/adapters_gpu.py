@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
 from nsysan.load.adapters import (
     COMMON_COLUMNS,
@@ -121,7 +122,12 @@ def _labels(adapter: Adapter, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     ``-2 - copyKind``; kinds unknown to nsysan as ``Unknown(k)``) and "memset" (key -1), as
     (id, value); and the memset key. Only the names the ops use: the lookup is cast to
     Categorical, and a trace's StringIds hold every string of it."""
-    kinds = ops.filter(pl.col("_kind") == 1)["copyKind"].drop_nulls().unique().to_list()
+    kinds = ops.filter(pl.col("_kind") == 1)["copyKind"].drop_nulls().unique().sort().to_list()
+    if kinds and kinds[0] < 0:  # (the keys below -1 are the copy kinds': they would collide)
+        raise TraceFormatError(
+            f"column copyKind of {MEMCPY} holds {kinds[0]}, where CUPTI writes a memory copy "
+            "kind (0 or more): the export is damaged or was not written by nsys; export the "
+            "report again (nsys export --type sqlite)")
     copies = pl.DataFrame(
         {"id": [-1, *(-2 - k for k in kinds)],
          "value": ["memset", *(COPY_KINDS[k][0] if k in COPY_KINDS else f"Unknown({k})"
