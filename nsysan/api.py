@@ -115,9 +115,9 @@ def start(
     # Starting a trace again starts nothing new: the hashes are keyed by file version and a
     # frame is prefetched once (`Trace.prefetch`).
     if hash_inputs:
-        from nsysan.report.manifest import default_inputs, prefetch_sha256
+        from nsysan.report.manifest import default_inputs, digest_folders, prefetch_sha256
 
-        prefetch_sha256(default_inputs(trace))
+        prefetch_sha256(default_inputs(trace), digest_folders(trace))
     if not trace.has("gpu_ops") and not trace.has("cuda_api"):
         from nsysan.errors import SchemaError
 

@@ -5,6 +5,7 @@ never for a file that changed since."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -82,3 +83,45 @@ def test_write_report_hashes_the_inputs_while_drawing(tmp_path: Path, monkeypatc
     doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert doc["inputs"][0]["sha256"] == _sha(b"y" * (2 << 20))
     assert manifest._stat_key(src) not in manifest._PENDING  # served (used once)
+
+
+def test_a_cached_trace_keeps_the_digest_of_its_input(tmp_path: Path, monkeypatch) -> None:
+    """An analysis whose frames come from the frame cache takes the input's sha256 from there
+    (a 9 GB export took 7 s of CPU to hash), for that very version of the file only; the
+    manifest lists the true hash every time."""
+    from export_mutations import EXAMPLE, copy_export
+
+    from nsysan.api import analyze_to_dir
+    from nsysan.load import cache, open_trace
+
+    src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    hashed: list[Path] = []
+    real = manifest._hash_now
+
+    def spy(p: Path) -> str:
+        if Path(p) == src:  # (the outputs are hashed too)
+            hashed.append(src)
+        return real(p)
+
+    monkeypatch.setattr(manifest, "_hash_now", spy)
+
+    def run(n: int) -> str:
+        trace = open_trace(src, frame_cache=True, cache_dir=tmp_path / "cache")
+        _, out = analyze_to_dir(trace, tmp_path / f"out{n}")
+        cache.flush()
+        data = json.loads(next(out.rglob("manifest.json")).read_text())
+        [entry] = [i for i in data["inputs"] if Path(i["path"]).name == "t.sqlite"]
+        return entry["sha256"]
+
+    want = _sha(src.read_bytes())
+    assert run(1) == want and hashed == [src]  # computed, and kept beside the frames
+    folder = open_trace(src, frame_cache=True, cache_dir=tmp_path / "cache").meta.frame_cache
+    assert folder is not None and (folder / cache.DIGEST_FILE).is_file()
+    assert run(2) == want and hashed == [src]  # taken from the cache: not hashed again
+    # another version of the file (same size, same contents even): hashed again
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert run(3) == want and hashed == [src, src]
+    # a damaged digest file is not believed
+    (folder / cache.DIGEST_FILE).write_text('{"file": [1, 2], "sha256": "00"}')
+    assert cache.stored_digest(folder, src) is None

@@ -97,6 +97,8 @@ class TraceMeta:
     #: ``strings``, the StringIds lookup) -> {rows, rules: {rule: {action, rows, columns?}},
     #: notes}; see docs/data-quality.md
     quality: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the folder of this trace's frame cache (`nsysan.load.cache`); None without one
+    frame_cache: Path | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tables, TableCounts):  # e.g. read back from a manifest

@@ -90,9 +90,12 @@ def cache_root(cache_dir: str | Path | None) -> Path:
 def cached_loader(
     build: Callable[[str], pl.DataFrame], meta: TraceMeta, cache_dir: str | Path | None
 ) -> Callable[[str], pl.DataFrame]:
-    """Wrap a frame builder: read ``<frame>.parquet`` when cached, else build and store it."""
+    """Wrap a frame builder: read ``<frame>.parquet`` when cached, else build and store it.
+    The folder is recorded in ``meta.frame_cache`` (the source's digest is kept there too:
+    `stored_digest`)."""
     src = meta.source_path
     folder = cache_root(cache_dir) / f"{src.name}.{content_key(src)}"
+    meta.frame_cache = folder
 
     def load(frame: str) -> pl.DataFrame:
         data, notes = folder / f"{frame}.parquet", folder / f"{frame}.notes.json"
@@ -159,6 +162,55 @@ def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
             tmp.unlink(missing_ok=True)
     except (OSError, pl.exceptions.PolarsError):
         pass  # a read-only or full cache dir only costs speed
+
+
+#: the sha256 of the source, beside its frames (`stored_digest`)
+DIGEST_FILE = "source.sha256.json"
+
+
+def file_identity(path: Path) -> list[int] | None:
+    """What tells one version of a file from another without reading it: device, inode,
+    size, modification and change times (any write changes the change time)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def stored_digest(folder: Path, path: Path) -> str | None:
+    """The sha256 of ``path`` kept in its frame cache ``folder``, when it was computed from
+    this very version of the file (`file_identity`); else None.
+
+    Why: manifest.json records the input's sha256, ~1 s per GB to compute; an analysis whose
+    frames come from the cache does not read the input otherwise (hashing it took 7 s of CPU
+    for a 9 GB export, beside ~50 s of the analysis on 2 cores)."""
+    try:
+        data = json.loads((folder / DIGEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ident = file_identity(path)
+    if not isinstance(data, dict) or ident is None or data.get("file") != ident:
+        return None
+    digest = data.get("sha256")
+    return digest if isinstance(digest, str) and len(digest) == 64 else None
+
+
+def store_digest(folder: Path, path: Path, digest: str, identity: list[int]) -> None:
+    """Keep ``digest``, computed from the version ``identity`` of ``path``, in its frame
+    cache ``folder`` (the frames of that trace are cached there in the same analysis), when
+    the file is still that version; a failed write only costs the next hash."""
+    if file_identity(path) != identity:
+        return
+    tmp = folder / f".digest.{uuid.uuid4().hex}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"file": identity, "sha256": digest}))
+        os.replace(tmp, folder / DIGEST_FILE)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 _executor: ThreadPoolExecutor | None = None

@@ -28,6 +28,7 @@ import polars as pl
 
 from nsysan._version import __version__
 from nsysan.frames.trace import Trace
+from nsysan.load import cache
 from nsysan.report.jsonout import _clean, atomic_write
 
 MANIFEST_JSON = "manifest.json"
@@ -84,31 +85,53 @@ def _files_of(path: Path) -> list[Path]:
     return []
 
 
-def _hash_pending(jobs: list[tuple[Path, _StatKey, Future[str | None]]]) -> None:
-    for path, key, fut in jobs:
+_Job = tuple[Path, _StatKey, "Future[str | None]", Path | None, list[int] | None]
+
+
+def _hash_pending(jobs: list[_Job]) -> None:
+    for path, key, fut, folder, identity in jobs:
         digest: str | None = None
         try:
             digest = _hash_now(path)
             # a file that changed while being hashed may have mixed contents: no answer
             if _stat_key(path) != key:
                 digest = None
+            elif folder is not None and identity is not None:
+                cache.store_digest(folder, path, digest, identity)
         except Exception:  # the reader hashes again itself and reports the error
             digest = None
         finally:
             fut.set_result(digest)
 
 
-def prefetch_sha256(paths: Iterable[Path]) -> None:
+def digest_folders(trace: Trace) -> dict[Path, Path]:
+    """The input file whose sha256 its frame cache keeps (`nsysan.load.cache.stored_digest`),
+    and that folder; empty without a frame cache."""
+    folder = trace.meta.frame_cache
+    return {Path(trace.meta.source_path): folder} if folder is not None else {}
+
+
+def prefetch_sha256(paths: Iterable[Path], cached: Mapping[Path, Path] | None = None) -> None:
     """Start hashing ``paths`` (files, or every file of a directory) in a background thread
-    for a manifest written later in this process (see `sha256_file`)."""
-    jobs = []
+    for a manifest written later in this process (see `sha256_file`). ``cached``: file ->
+    its frame cache folder (`digest_folders`), where the digest of that very version of the
+    file is taken from when kept, and kept once computed."""
+    jobs: list[_Job] = []
+    cached = {os.path.abspath(k): v for k, v in (cached or {}).items()}
     with _PENDING_LOCK:
         for f in (f for p in paths for f in _files_of(Path(p))):
             key = _stat_key(f)
-            if key is not None and key not in _PENDING:
-                fut: Future[str | None] = Future()
-                _PENDING[key] = fut
-                jobs.append((f, key, fut))
+            if key is None or key in _PENDING:
+                continue
+            fut: Future[str | None] = Future()
+            _PENDING[key] = fut
+            folder = cached.get(os.path.abspath(f))
+            identity = cache.file_identity(f) if folder is not None else None
+            kept = cache.stored_digest(folder, f) if folder is not None else None
+            if kept is not None:
+                fut.set_result(kept)
+            else:
+                jobs.append((f, key, fut, folder, identity))
     if jobs:
         # daemon: an interrupted run does not wait for a hash nobody will read
         threading.Thread(target=_hash_pending, args=(jobs,), name="nsysan-sha256",

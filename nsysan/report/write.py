@@ -18,7 +18,13 @@ from nsysan.passes.base import PassResult
 from nsysan.passes.schedule import analysis_context
 from nsysan.report import html_data, plots
 from nsysan.report.jsonout import write_findings_json
-from nsysan.report.manifest import ManifestInfo, inputs_of, prefetch_sha256, write_manifest
+from nsysan.report.manifest import (
+    ManifestInfo,
+    digest_folders,
+    inputs_of,
+    prefetch_sha256,
+    write_manifest,
+)
 from nsysan.report.markdown import write_markdown
 
 
@@ -79,7 +85,7 @@ def _write(out: Path, t_start: float, trace: Trace, results: Mapping[str, PassRe
     # The manifest hashes the inputs (a second per GB): started now, in a background thread,
     # the hash overlaps the pictures instead of following them (nothing new is started when
     # `analyze(hash_inputs=True)` prefetched them already; see `prefetch_sha256`).
-    prefetch_sha256(inputs_of(trace, info))
+    prefetch_sha256(inputs_of(trace, info), digest_folders(trace))
     tables = {n: df for r in results.values() for n, df in r.tables.items()}
     layers = tables.get("layers")
     written: list[Path] = []
