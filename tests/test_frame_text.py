@@ -63,6 +63,9 @@ EXPRS = [
     pl.col("name").str.starts_with("nccl").fill_null(False),
     pl.col("name").fill_null("?").str.to_uppercase(),
     pl.col("name").str.len_chars(),
+    # Booleans with nulls for some values (not only the null name)
+    pl.when(pl.col("name").str.len_chars() > 2).then(pl.col("name").str.starts_with("s")),
+    pl.col("name").is_null(),
 ]
 
 
