@@ -69,16 +69,21 @@ def test_an_id_beyond_32_bits_is_an_error_not_a_wrapped_value(
 ) -> None:
     broken = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
     execute(broken, f'UPDATE "{table}" SET "{column}" = {value} WHERE rowid = 3')
-    out = tmp_path / "out"
+    assert f"column {frame_column} holds {value}" in _analyze_fails(broken, tmp_path / "out")
+    with pytest.raises(TraceFormatError, match=frame_column):
+        nsysan.analyze(broken)
+
+
+def _analyze_fails(broken: Path, out: Path) -> str:
+    """``nsysan analyze`` of a damaged export: exit 1, one line ``Error: ...`` that says to
+    export the report again (no internal error), and nothing half-written; the line."""
     result = CliRunner().invoke(cli, ["analyze", str(broken), "-o", str(out)])
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    assert f"column {frame_column} holds {value}" in lines[0]
     assert "export the report again" in lines[0] and "internal error" not in lines[0]
-    assert not (out / "t").exists()  # nothing half-written
-    with pytest.raises(TraceFormatError, match=frame_column):
-        nsysan.analyze(broken)
+    assert not (out / broken.stem).exists()  # nothing half-written
+    return lines[0]
 
 
 def test_every_id_cupti_writes_is_kept_exactly(tmp_path: Path) -> None:
@@ -188,13 +193,8 @@ def test_a_negative_copy_kind_is_an_error(tmp_path: Path, kind: int) -> None:
     # negative kind would take another label (or fail inside polars): one line instead
     broken = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
     execute(broken, f"UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET copyKind = {kind} WHERE rowid = 2")
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["analyze", str(broken), "-o", str(out)])
-    assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    assert f"column copyKind of CUPTI_ACTIVITY_KIND_MEMCPY holds {kind}" in lines[0]
-    assert not (out / "t").exists()
+    line = _analyze_fails(broken, tmp_path / "out")
+    assert f"column copyKind of CUPTI_ACTIVITY_KIND_MEMCPY holds {kind}" in line
 
 
 def test_a_damaged_vocabulary_is_rejected_without_filling_it(tmp_path: Path) -> None:
@@ -230,13 +230,8 @@ def test_a_damaged_vocabulary_is_rejected_without_filling_it(tmp_path: Path) -> 
     # an analysis says so in one line and writes nothing
     planted, _ = HOST_SCENARIOS["cpu_bound_input"](tmp_path / "planted.sqlite")
     execute(planted, "UPDATE COMPOSITE_EVENTS SET threadState = 100 + rowid")
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["analyze", str(planted), "-o", str(out)])
-    assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ")
-    assert ": column thread_state holds 240 distinct labels" in lines[0]
-    assert "export the report again" in lines[0] and not (out / "planted").exists()
+    line = _analyze_fails(planted, tmp_path / "out")
+    assert ": column thread_state holds 240 distinct labels" in line
 
 
 def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:

@@ -78,9 +78,8 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         return key.otherwise(memset_key)
 
     mem = adapter.enum_labels("ENUM_CUDA_MEM_KIND", MEM_KINDS).rename({"label": "value"})
-    # (the kinds the ops use: their labels join a small vocabulary, `schemas.MEMORY_KIND`)
-    mem = mem.filter(pl.col("id").is_in(
-        pl.concat([ops["srcKind"], ops["_dst"]]).drop_nulls().unique().implode()))
+    # (only the kinds the ops use: their labels join a small vocabulary, `schemas.MEMORY_KIND`)
+    mem_used = pl.concat([ops["srcKind"], ops["_dst"]])
     classes = {-1: "memset", 0: "nccl", 1: "compute",
                **{-2 - k: c for k, (_, c) in COPY_KINDS.items()}}
     nccl = pl.col("shortName").is_in(_nccl_ids(adapter, "starts_with")) | pl.col(
@@ -101,9 +100,8 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         copy_kind=categorical(pl.when(kind == 1).then(copy_key),
                               labels.filter(pl.col("id") < memset_key),
                               dtype=schemas.COPY_KIND, column="copy_kind"),
-        src_kind=categorical(pl.col("srcKind"), mem, dtype=schemas.MEMORY_KIND,
-                             column="src_kind"),
-        dst_kind=categorical(pl.col("_dst"), mem, dtype=schemas.MEMORY_KIND, column="dst_kind"),
+        src_kind=categorical(pl.col("srcKind"), mem, mem_used, schemas.MEMORY_KIND, "src_kind"),
+        dst_kind=categorical(pl.col("_dst"), mem, mem_used, schemas.MEMORY_KIND, "dst_kind"),
         bytes="bytes",
         graph_node_id="graphNodeId",
         grid_x="gridX", grid_y="gridY", grid_z="gridZ",
