@@ -67,6 +67,20 @@ class TableCounts(Mapping[str, int]):
             return self._bounds[table]
         return self.get(table, 0)
 
+    def when_counted(self, callback: Callable[[dict[str, int]], None]) -> None:
+        """Call ``callback`` with the exact counts once they are known: at once when they
+        are, else in the counting thread when it ends; never when counting failed (reading
+        the counts raises that error)."""
+        if self._counts is not None or self._pending is None:
+            callback(dict(self._resolved()))
+            return
+
+        def counted(done: Future[dict[str, int]]) -> None:
+            if done.exception() is None:
+                callback(dict(done.result()))
+
+        self._pending.add_done_callback(counted)
+
     def has_rows(self, table: str) -> bool:
         """True when ``table`` exists and holds at least one row (no waiting for counts)."""
         if self._counts is not None or table not in self._nonempty:

@@ -123,6 +123,13 @@ def open_trace(
     """
     path = Path(path)
     source, recorded = open_source(path, nsys=nsys, cache_dir=cache_dir)
+    from nsysan.load import cache
+
+    folder = None
+    if isinstance(source, SqliteSource) and cache.enabled(source.path, source.format,
+                                                          frame_cache):
+        folder = cache.folder_for(source.path, cache_dir)
+        _counts_from_cache(source, folder)
     tables = source.tables()
     # empty tables count as absent: a non-lazy export of a CPU-only capture has them all
     if require_cuda and not any(tables.has_rows(t) for t in CUDA_TABLES):
@@ -152,11 +159,25 @@ def open_trace(
         notes=[*info["notes"], *partial],
     )
     adapter.meta = meta
-    from nsysan.load import cache
-
     loader = adapter.build
-    if cache.enabled(meta.source_path, meta.source_format, frame_cache):
-        loader = cache.cached_loader(adapter.build, meta, cache_dir)
+    if folder is not None:
+        loader = cache.cached_loader(adapter.build, meta, folder)
     trace = Trace(meta, loader)
     adapter.frame = trace.frame
     return trace
+
+
+def _counts_from_cache(source: SqliteSource, folder: Path) -> None:
+    """Give ``source`` the table counts its frame cache ``folder`` keeps for this version of
+    the file; else have them kept there once counted. (An analysis served by the cache reads
+    the export for nothing else: counting walks all of it.)"""
+    from nsysan.load import cache
+
+    kept = cache.stored_counts(folder, source.path)
+    if kept is not None and source.adopt_counts(kept):
+        return
+    identity = cache.file_identity(source.path)  # before counting starts
+    if identity is not None:
+        path = source.path
+        source.tables().when_counted(
+            lambda counts: cache.store_counts(folder, path, counts, identity))

@@ -6,9 +6,11 @@ compressed; a 1M-kernel trace loads several times faster from the cache (bench/R
 
 Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
 (the loading notes the frame's build added to ``TraceMeta.notes`` and the data-quality counts
-it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical). The
-cache dir is ``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an explicit ``cache_dir`` wins),
-never the input's directory. ``key`` hashes the nsysan version and `FRAMES_REVISION`, the
+it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical), and
+facts about the source valid for one version of it (``source.sha256.json``,
+``source.tables.json``: `stored_digest`, `stored_counts`). The cache dir is
+``$NSYSAN_CACHE_DIR`` or ``~/.cache/nsysan`` (an explicit ``cache_dir`` wins), never the
+input's directory. ``key`` hashes the nsysan version and `FRAMES_REVISION`, the
 file's size and mtime and a sample of its content (first and last MiB, 32 blocks of 64 KiB
 spread over the file): hashing all of a 2 GB export would cost more than reading it.
 
@@ -87,14 +89,18 @@ def cache_root(cache_dir: str | Path | None) -> Path:
     return base / "frames"
 
 
+def folder_for(source_path: Path, cache_dir: str | Path | None) -> Path:
+    """The cache folder of this version of ``source_path`` (it may not exist yet)."""
+    return cache_root(cache_dir) / f"{source_path.name}.{content_key(source_path)}"
+
+
 def cached_loader(
-    build: Callable[[str], pl.DataFrame], meta: TraceMeta, cache_dir: str | Path | None
+    build: Callable[[str], pl.DataFrame], meta: TraceMeta, folder: Path
 ) -> Callable[[str], pl.DataFrame]:
-    """Wrap a frame builder: read ``<frame>.parquet`` when cached, else build and store it.
-    The folder is recorded in ``meta.frame_cache`` (the source's digest is kept there too:
-    `stored_digest`)."""
-    src = meta.source_path
-    folder = cache_root(cache_dir) / f"{src.name}.{content_key(src)}"
+    """Wrap a frame builder: read ``<frame>.parquet`` from ``folder`` (`folder_for`) when
+    cached, else build and store it there. The folder is recorded in ``meta.frame_cache``
+    (the source's digest and table counts are kept there too: `stored_digest`,
+    `stored_counts`)."""
     meta.frame_cache = folder
 
     def load(frame: str) -> pl.DataFrame:
@@ -164,8 +170,10 @@ def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
         pass  # a read-only or full cache dir only costs speed
 
 
-#: the sha256 of the source, beside its frames (`stored_digest`)
+#: facts about the source kept beside its frames, each valid for one version of the file:
+#: its sha256 (`stored_digest`) and the row count of every table (`stored_counts`)
 DIGEST_FILE = "source.sha256.json"
+COUNTS_FILE = "source.tables.json"
 
 
 def file_identity(path: Path) -> list[int] | None:
@@ -178,6 +186,37 @@ def file_identity(path: Path) -> list[int] | None:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
+def _kept(folder: Path, name: str, path: Path, key: str) -> object:
+    """``key`` of the JSON file ``name`` in ``folder`` when it was written for this very
+    version of ``path`` (`file_identity`); else None."""
+    try:
+        data = json.loads((folder / name).read_text())
+    except (OSError, ValueError):
+        return None
+    ident = file_identity(path)
+    if not isinstance(data, dict) or ident is None or data.get("file") != ident:
+        return None
+    return data.get(key)
+
+
+def _keep(folder: Path, name: str, path: Path, identity: list[int], key: str,
+          value: object) -> None:
+    """Write ``{file: identity, key: value}`` as ``name`` in ``folder`` when ``path`` is still
+    the version ``identity`` (to a temporary name, then renamed); a failed write only costs
+    the next computation."""
+    if file_identity(path) != identity:
+        return
+    tmp = folder / f".{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"file": identity, key: value}))
+        os.replace(tmp, folder / name)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def stored_digest(folder: Path, path: Path) -> str | None:
     """The sha256 of ``path`` kept in its frame cache ``folder``, when it was computed from
     this very version of the file (`file_identity`); else None.
@@ -185,14 +224,7 @@ def stored_digest(folder: Path, path: Path) -> str | None:
     Why: manifest.json records the input's sha256, ~1 s per GB to compute; an analysis whose
     frames come from the cache does not read the input otherwise (hashing it took 7 s of CPU
     for a 9 GB export, beside ~50 s of the analysis on 2 cores)."""
-    try:
-        data = json.loads((folder / DIGEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    ident = file_identity(path)
-    if not isinstance(data, dict) or ident is None or data.get("file") != ident:
-        return None
-    digest = data.get("sha256")
+    digest = _kept(folder, DIGEST_FILE, path, "sha256")
     return digest if isinstance(digest, str) and len(digest) == 64 else None
 
 
@@ -200,17 +232,28 @@ def store_digest(folder: Path, path: Path, digest: str, identity: list[int]) -> 
     """Keep ``digest``, computed from the version ``identity`` of ``path``, in its frame
     cache ``folder`` (the frames of that trace are cached there in the same analysis), when
     the file is still that version; a failed write only costs the next hash."""
-    if file_identity(path) != identity:
-        return
-    tmp = folder / f".digest.{uuid.uuid4().hex}.tmp"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"file": identity, "sha256": digest}))
-        os.replace(tmp, folder / DIGEST_FILE)
-    except OSError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    _keep(folder, DIGEST_FILE, path, identity, "sha256", digest)
+
+
+def stored_counts(folder: Path, path: Path) -> dict[str, int] | None:
+    """The row count of every table of ``path`` kept in its frame cache ``folder``, when
+    counted in this very version of the file (`file_identity`); else None.
+
+    Why: the counts (manifest.json's raw tables, the passes' sizing) take a ``count(*)`` of
+    every table, which walks all of an export: 3 s of CPU for a 9 GB one whose pages are in
+    memory, 14 s when they are not, in an analysis that otherwise reads only the cache."""
+    counts = _kept(folder, COUNTS_FILE, path, "tables")
+    if not isinstance(counts, dict) or not all(
+            isinstance(k, str) and type(v) is int and v >= 0 for k, v in counts.items()):
+        return None
+    return counts
+
+
+def store_counts(folder: Path, path: Path, counts: dict[str, int],
+                 identity: list[int]) -> None:
+    """Keep ``counts``, counted in the version ``identity`` of ``path``, in its frame cache
+    ``folder`` when the file is still that version."""
+    _keep(folder, COUNTS_FILE, path, identity, "tables", counts)
 
 
 _executor: ThreadPoolExecutor | None = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -146,6 +147,15 @@ class SqliteSource:
                                            pending=self._count_in_background(),
                                            bounds=self._row_bounds())
         return self._counts
+
+    def adopt_counts(self, counts: Mapping[str, int]) -> bool:
+        """Take ``counts`` as this file's table counts instead of counting (they were
+        counted in this very version of the file earlier: `nsysan.load.cache.stored_counts`),
+        when nothing was counted yet and they name exactly this file's tables."""
+        if self._counts is not None or set(counts) != set(self._names):
+            return False
+        self._counts = TableCounts({t: int(counts[t]) for t in self._names})
+        return True
 
     def _row_bounds(self) -> dict[str, int]:
         """The span of every table's rowids (0 when empty; two page walks each): an upper
