@@ -89,7 +89,19 @@ def test_union_busies_of_nothing():
 ])
 def test_sorted_values_is_a_sort(values):
     a = np.array(values, np.int64)
-    assert np.array_equal(sweeps.sorted_values(a), np.sort(a))
+    before = a.copy()
+    out = sweeps.sorted_values(a)
+    assert out.dtype == np.int64 and np.array_equal(out, np.sort(a))
+    assert np.array_equal(a, before)  # the input is left as it was
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), max_size=40))
+def test_distinct_counts_counts_distinct_items_per_group(pairs):
+    group = np.array([g for g, _ in pairs], np.int64)
+    item = np.array([i for _, i in pairs], np.int64)
+    want = [len({i for g, i in pairs if g == k}) for k in range(5)]
+    assert sums.distinct_counts(group, item, 5).tolist() == want
 
 
 @settings(max_examples=150, deadline=None)

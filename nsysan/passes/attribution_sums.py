@@ -56,7 +56,7 @@ def distinct_counts(group: np.ndarray, item: np.ndarray, n_groups: int) -> np.nd
         return np.zeros(n_groups, np.int64)
     span = int(item.max()) + 1
     # (group, item) packed into one Int64: a sort of values, then the runs of equal values.
-    pair = np.sort(group.astype(np.int64) * span + item)
+    pair = sorted_values(group.astype(np.int64) * span + item)
     first = np.ones(len(pair), bool)
     first[1:] = pair[1:] != pair[:-1]
     return np.bincount(pair[first] // span, minlength=n_groups).astype(np.int64)
