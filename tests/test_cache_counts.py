@@ -64,7 +64,8 @@ def test_counts_are_kept_once_and_then_served(tmp_path: Path, monkeypatch) -> No
     assert dict(first.meta.tables) == want and counted == [src]
     folder = first.meta.frame_cache
     assert folder is not None
-    _wait_for_kept(folder)
+    # kept before the counts were handed out: a process that exits once it has read them
+    # (the CLI ends with os._exit) has kept them
     assert cache.stored_counts(folder, src) == want
 
     second = _open(src, tmp_path)
@@ -75,10 +76,24 @@ def test_counts_are_kept_once_and_then_served(tmp_path: Path, monkeypatch) -> No
 
 def test_another_version_of_the_file_is_counted_again(tmp_path: Path, monkeypatch) -> None:
     src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
-    _wait_for_kept(_open(src, tmp_path).meta.frame_cache)
     folder = _open(src, tmp_path).meta.frame_cache
-    # one row fewer, the size and modification time as they were: the change time tells
-    # the versions apart
+    _wait_for_kept(folder)
+    # the same bytes, size and modification time: the same frame folder; only the change
+    # time (any write, chmod or utime sets it) says this may be another version
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.stored_counts(folder, src) is None
+    counted = _counted_in_background(monkeypatch)
+    trace = _open(src, tmp_path)
+    assert trace.meta.frame_cache == folder
+    assert dict(trace.meta.tables) == _true_counts(src) and counted == [src]
+    assert cache.stored_counts(folder, src) == _true_counts(src)  # kept again, for this one
+
+
+def test_a_rewritten_file_is_counted_again(tmp_path: Path, monkeypatch) -> None:
+    src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    folder = _open(src, tmp_path).meta.frame_cache
+    _wait_for_kept(folder)
     st = src.stat()
     con = sqlite3.connect(src)
     con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = "
@@ -95,27 +110,66 @@ def test_another_version_of_the_file_is_counted_again(tmp_path: Path, monkeypatc
         _true_counts(EXAMPLE)["CUPTI_ACTIVITY_KIND_KERNEL"] - 1
 
 
-@pytest.mark.parametrize("damage", [
-    "not json",
-    '["a list"]',
-    '{"file": [1, 2, 3], "tables": {"StringIds": 1}}',
-    "SAME_FILE:{\"StringIds\": -1}",
-    "SAME_FILE:{\"StringIds\": 1.5}",
-    "SAME_FILE:{\"StringIds\": true}",
-    "SAME_FILE:[1, 2]",
-    "SAME_FILE:{\"StringIds\": 3}",  # one table only: not this file's tables
-])
-def test_damaged_kept_counts_are_not_believed(tmp_path: Path, monkeypatch, damage: str) -> None:
+def _with(counts: dict[str, int], change: str) -> object:
+    """The true counts with one thing wrong (the StringIds count, or the tables named)."""
+    out: dict[str, object] = dict(counts)
+    if change == "missing":
+        del out["StringIds"]
+    elif change == "extra":
+        out["NOT_A_TABLE"] = 1
+    else:
+        out["StringIds"] = json.loads(change)
+    return out
+
+
+@pytest.mark.parametrize("change", ["-1", "1.5", "true", "null", '"3"', "[3]", "missing",
+                                    "extra"])
+def test_damaged_kept_counts_are_not_believed(tmp_path: Path, monkeypatch, change: str) -> None:
     src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
     folder = _open(src, tmp_path).meta.frame_cache
     _wait_for_kept(folder)
-    if damage.startswith("SAME_FILE:"):
-        damage = json.dumps({"file": cache.file_identity(src),
-                             "tables": json.loads(damage.removeprefix("SAME_FILE:"))})
-    (folder / cache.COUNTS_FILE).write_text(damage)
+    want = _true_counts(src)
+    (folder / cache.COUNTS_FILE).write_text(json.dumps(
+        {"file": cache.file_identity(src), "tables": _with(want, change)}))
+    if change not in ("missing", "extra"):  # (those two are turned down by the source)
+        assert cache.stored_counts(folder, src) is None
     counted = _counted_in_background(monkeypatch)
     trace = _open(src, tmp_path)
-    assert dict(trace.meta.tables) == _true_counts(src) and counted == [src]
+    assert dict(trace.meta.tables) == want and counted == [src]
+
+
+@pytest.mark.parametrize("text", ["not json", '["a list"]', '{"file": [1, 2], "tables": {}}',
+                                  '{"tables": {"StringIds": 1}}'])
+def test_unreadable_kept_counts_are_not_believed(tmp_path: Path, text: str) -> None:
+    src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    (tmp_path / cache.COUNTS_FILE).write_text(text)
+    assert cache.stored_counts(tmp_path, src) is None
+
+
+def test_counts_of_a_write_ahead_log_database_are_not_kept(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """In WAL mode a table's rows may sit in the -wal file beside the export, which the file's
+    version does not cover: such a file is counted every time."""
+    src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    con = sqlite3.connect(src)
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    con.close()
+    counted = _counted_in_background(monkeypatch)
+    for _ in range(2):
+        trace = _open(src, tmp_path)
+        assert dict(trace.meta.tables) == _true_counts(src)
+    assert counted == [src, src]
+    assert not (trace.meta.frame_cache / cache.COUNTS_FILE).exists()
+
+
+def test_an_unusable_cache_dir_costs_only_the_count(tmp_path: Path, caplog) -> None:
+    """A cache dir that is a file: the counts are right, nothing is kept, nothing is logged
+    (an error in the counting thread's callback would print a traceback)."""
+    src = copy_export(EXAMPLE, tmp_path / "in" / "t.sqlite")
+    (tmp_path / "cache").write_text("a file, not a folder")
+    trace = _open(src, tmp_path)
+    assert dict(trace.meta.tables) == _true_counts(src)
+    assert not caplog.records
 
 
 def test_no_counts_are_kept_without_a_frame_cache(tmp_path: Path, monkeypatch) -> None:

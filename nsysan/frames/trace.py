@@ -69,17 +69,27 @@ class TableCounts(Mapping[str, int]):
 
     def when_counted(self, callback: Callable[[dict[str, int]], None]) -> None:
         """Call ``callback`` with the exact counts once they are known: at once when they
-        are, else in the counting thread when it ends; never when counting failed (reading
-        the counts raises that error)."""
+        are, else in the counting thread when it ends, before any reader gets them (so a
+        process that ends once it has read them has run it); never when counting failed
+        (reading the counts raises that error). An error of ``callback`` is its own: it
+        reaches neither the readers nor the log."""
         if self._counts is not None or self._pending is None:
-            callback(dict(self._resolved()))
+            with contextlib.suppress(Exception):
+                callback(dict(self._resolved()))
             return
+        handed: Future[dict[str, int]] = Future()
 
         def counted(done: Future[dict[str, int]]) -> None:
-            if done.exception() is None:
+            error = done.exception()
+            if error is not None:
+                handed.set_exception(error)
+                return
+            with contextlib.suppress(Exception):
                 callback(dict(done.result()))
+            handed.set_result(done.result())
 
         self._pending.add_done_callback(counted)
+        self._pending = handed
 
     def has_rows(self, table: str) -> bool:
         """True when ``table`` exists and holds at least one row (no waiting for counts)."""

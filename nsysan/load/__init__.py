@@ -173,6 +173,8 @@ def _counts_from_cache(source: SqliteSource, folder: Path) -> None:
     the export for nothing else: counting walks all of it.)"""
     from nsysan.load import cache
 
+    if _write_ahead_log(source.path):  # rows may sit in the -wal file: not this file's counts
+        return
     kept = cache.stored_counts(folder, source.path)
     if kept is not None and source.adopt_counts(kept):
         return
@@ -181,3 +183,18 @@ def _counts_from_cache(source: SqliteSource, folder: Path) -> None:
         path = source.path
         source.tables().when_counted(
             lambda counts: cache.store_counts(folder, path, counts, identity))
+
+
+def _write_ahead_log(path: Path) -> bool:
+    """Whether the SQLite file ``path`` is in WAL mode (header bytes 18-19) or has a
+    ``-wal`` file beside it: then its rows are not all in the file that `cache.file_identity`
+    tells versions of (nsys writes its exports in the default rollback mode)."""
+    try:
+        if 2 in read_header(path)[18:20]:
+            return True
+    except TraceFormatError:
+        return True  # (unreadable now: keep nothing, adopt nothing)
+    try:
+        return Path(f"{path}-wal").stat().st_size > 0
+    except OSError:
+        return False

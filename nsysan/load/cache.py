@@ -208,13 +208,14 @@ def _keep(folder: Path, name: str, path: Path, identity: list[int], key: str,
         return
     tmp = folder / f".{name}.{uuid.uuid4().hex}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"file": identity, key: value}))
-        os.replace(tmp, folder / name)
-    except OSError:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"file": identity, key: value}))
+            os.replace(tmp, folder / name)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError:  # (e.g. the cache dir is a file: the unlink fails too)
         pass
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def stored_digest(folder: Path, path: Path) -> str | None:
