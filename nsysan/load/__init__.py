@@ -18,7 +18,7 @@ from nsysan.load.export import REPORT_MAGIC, REPORT_SUFFIXES, export_report, rep
 from nsysan.load.files import check_openable
 from nsysan.load.source import TableSource
 from nsysan.load.sqlite import SqliteSource
-from nsysan.load.sqlite_file import SQLITE_MAGIC, read_header
+from nsysan.load.sqlite_file import SQLITE_MAGIC, read_header, write_ahead_log
 
 __all__ = ["check_openable", "open_source", "open_trace", "trace_id_for"]
 
@@ -173,7 +173,7 @@ def _counts_from_cache(source: SqliteSource, folder: Path) -> None:
     the export for nothing else: counting walks all of it.)"""
     from nsysan.load import cache
 
-    if _write_ahead_log(source.path):  # rows may sit in the -wal file: not this file's counts
+    if write_ahead_log(source.path):  # rows may sit in the -wal file: not this file's counts
         return
     kept = cache.stored_counts(folder, source.path)
     if kept is not None and source.adopt_counts(kept):
@@ -184,17 +184,3 @@ def _counts_from_cache(source: SqliteSource, folder: Path) -> None:
         source.tables().when_counted(
             lambda counts: cache.store_counts(folder, path, counts, identity))
 
-
-def _write_ahead_log(path: Path) -> bool:
-    """Whether the SQLite file ``path`` is in WAL mode (header bytes 18-19) or has a
-    ``-wal`` file beside it: then its rows are not all in the file that `cache.file_identity`
-    tells versions of (nsys writes its exports in the default rollback mode)."""
-    try:
-        if 2 in read_header(path)[18:20]:
-            return True
-    except TraceFormatError:
-        return True  # (unreadable now: keep nothing, adopt nothing)
-    try:
-        return Path(f"{path}-wal").stat().st_size > 0
-    except OSError:
-        return False

@@ -99,3 +99,18 @@ def read_only_file(path: Path) -> bool:
         return False
     write_bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
     return not (os.access(path, os.W_OK) and st.st_mode & write_bits)
+
+
+def write_ahead_log(path: Path) -> bool:
+    """Whether the SQLite file ``path`` is in WAL mode (header bytes 18-19) or has a ``-wal``
+    file beside it: then some of its rows may be in that other file, and facts kept for a
+    version of ``path`` alone do not hold (nsys writes its exports in rollback mode)."""
+    try:
+        if 2 in read_header(path)[18:20]:
+            return True
+    except TraceFormatError:
+        return True  # (unreadable now: keep nothing, adopt nothing)
+    try:
+        return Path(f"{path}-wal").stat().st_size > 0
+    except OSError:
+        return False
