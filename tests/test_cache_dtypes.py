@@ -29,7 +29,7 @@ def test_cached_frames_have_the_dtypes_of_built_ones(name: str, tmp_path: Path,
     fresh = {frame: built.frame(frame) for frame in ALL_FRAMES}
     cache.flush()  # files are written in the background
     folder = next((tmp_path / "frames").iterdir())
-    assert {p.stem for p in folder.glob("*.parquet")} == set(ALL_FRAMES)
+    assert {p.stem for p in folder.glob("*.arrow")} == set(ALL_FRAMES)
 
     again = open_trace(src, cache_dir=tmp_path, frame_cache=True)
 
@@ -67,7 +67,7 @@ def test_the_cache_stores_no_trace_id_and_serves_the_callers(
     first = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
     cache.flush()
     folder = next((tmp_path / "frames").iterdir())
-    assert "trace_id" not in pl.read_parquet_schema(folder / "gpu_ops.parquet")
+    assert "trace_id" not in pl.read_ipc_schema(folder / "gpu_ops.arrow")
     again = open_trace(src, cache_dir=tmp_path, frame_cache=True, trace_id="renamed")
     got = again.frame("gpu_ops")
     assert got.schema == schemas.GPU_OPS

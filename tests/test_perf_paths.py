@@ -71,7 +71,7 @@ def _frames(trace) -> dict[str, pl.DataFrame]:
     return {name: trace.frame(name) for name in ("gpu_ops", "cuda_api", "nvtx", "sync", "meta")}
 
 
-def test_parquet_cache_gives_identical_frames_and_notes(
+def test_frame_cache_gives_identical_frames_and_notes(
     shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
@@ -80,7 +80,7 @@ def test_parquet_cache_gives_identical_frames_and_notes(
     a = _frames(first)
     cache.flush()  # files are written in the background
     folder = next((tmp_path / "frames").iterdir())
-    assert {p.name for p in folder.glob("*.parquet")} >= {"gpu_ops.parquet", "nvtx.parquet"}
+    assert {p.name for p in folder.glob("*.arrow")} >= {"gpu_ops.arrow", "nvtx.arrow"}
     second = open_trace(src, cache_dir=tmp_path, frame_cache=True, trace_id="other")
 
     def boom(*args: object) -> None:
@@ -95,17 +95,6 @@ def test_parquet_cache_gives_identical_frames_and_notes(
         assert b[name].equals(expect), name
         assert b[name].n_chunks() == 1, name
     assert second.meta.notes == first.meta.notes
-
-
-def test_frames_from_the_cache_come_in_one_chunk(tmp_path: Path) -> None:
-    # Parquet reads one chunk per row group; passes on chunked frames ran 12-15% slower.
-    df = pl.DataFrame({"a": range(5000), "s": [f"k{i % 7}" for i in range(5000)]})
-    path = tmp_path / "f.parquet"
-    df.write_parquet(path, row_group_size=1000)
-    read = pl.read_parquet(path)
-    assert read.n_chunks("all") == [5, 5]  # what the cache would otherwise hand the passes
-    got = cache._contiguous(read)
-    assert got.n_chunks("all") == [1, 1] and got.equals(df)
 
 
 def test_cache_is_off_for_small_files_and_on_request(tmp_path: Path,

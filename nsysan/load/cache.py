@@ -1,10 +1,12 @@
-"""Optional Parquet cache of canonical frames, so a repeat analysis of a big SQLite export
-skips SQLite.
+"""Optional cache of canonical frames, so a repeat analysis of a big SQLite export skips
+SQLite.
 
-Why: reading a SQLite export is row by row (even through ADBC), while Parquet is columnar and
-compressed; a 1M-kernel trace loads several times faster from the cache (bench/RESULTS.md).
+Why: reading a SQLite export is row by row (even through ADBC), while a cached frame is
+columnar and memory-mapped (`nsysan.load.frame_file`: its numeric columns are not even
+copied); a 10M-kernel trace's frames load in under a second instead of ~50 s
+(bench/RESULTS.md).
 
-Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.parquet`` plus ``<frame>.notes.json``
+Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.arrow`` plus ``<frame>.notes.json``
 (the loading notes the frame's build added to ``TraceMeta.notes`` and the data-quality counts
 it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical), and
 facts about the source valid for one version of it (``source.sha256.json``,
@@ -32,8 +34,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 
 from nsysan.frames.trace import TRACE_ID, TraceMeta
+from nsysan.load.frame_file import read_frame, write_frame
 
 MIN_BYTES = 64 << 20
 #: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
@@ -44,8 +48,9 @@ MIN_BYTES = 64 << 20
 #: CPUs, launch geometry and API return values Int32; 8: CUDA device, context, stream and
 #: correlation ids Int32; 9: those ids UInt32, as CUPTI records them; 10: stored without
 #: the trace_id column, added back on load; 11: launch dimensions but grid x UInt16, CPUs Int16;
-#: 12: copy kinds, memory kinds and thread states as one-byte small vocabularies)
-FRAMES_REVISION = 12
+#: 12: copy kinds, memory kinds and thread states as one-byte small vocabularies; 13: Arrow IPC
+#: files of one batch, mapped, instead of LZ4 Parquet)
+FRAMES_REVISION = 13
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
 _BLOCKS = 32
@@ -97,20 +102,21 @@ def folder_for(source_path: Path, cache_dir: str | Path | None) -> Path:
 def cached_loader(
     build: Callable[[str], pl.DataFrame], meta: TraceMeta, folder: Path
 ) -> Callable[[str], pl.DataFrame]:
-    """Wrap a frame builder: read ``<frame>.parquet`` from ``folder`` (`folder_for`) when
+    """Wrap a frame builder: read ``<frame>.arrow`` from ``folder`` (`folder_for`) when
     cached, else build and store it there. The folder is recorded in ``meta.frame_cache``
     (the source's digest and table counts are kept there too: `stored_digest`,
     `stored_counts`)."""
     meta.frame_cache = folder
 
     def load(frame: str) -> pl.DataFrame:
-        data, notes = folder / f"{frame}.parquet", folder / f"{frame}.notes.json"
+        data, notes = folder / f"{frame}.arrow", folder / f"{frame}.notes.json"
         if data.is_file() and notes.is_file():
             try:
-                df = _contiguous(pl.read_parquet(data))
+                df = read_frame(data)
                 added = json.loads(notes.read_text())
                 texts, quality = list(added["notes"]), dict(added["quality"])
-            except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError):
+            except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError,
+                    pa.ArrowException):
                 pass  # damaged or concurrently replaced: rebuild below
             else:
                 for text in texts:
@@ -130,7 +136,7 @@ def cached_loader(
         added = {"notes": [t for t in meta.notes if t not in before],
                  "quality": {k: meta.quality[k] for k in (frame, "strings")
                              if k in meta.quality}}
-        # Written in the background: encoding a 1M-kernel gpu_ops takes ~0.7 s that the
+        # Written in the background: writing a 10M-kernel gpu_ops takes ~1.3 s that the
         # passes (mostly inside polars, GIL released) can overlap. `flush` waits for it, and
         # so does interpreter exit (executor threads are joined at shutdown).
         _pending[:] = [f for f in _pending if not f.done()]
@@ -141,32 +147,18 @@ def cached_loader(
     return load
 
 
-def _contiguous(df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` with every column in one chunk, copied one column at a time.
-
-    Why: Parquet is read one chunk per row group (10-40 chunks per big frame), and sorts,
-    gathers and joins on chunked columns are slower: the passes took 12-15% longer on a 1M
-    kernel trace read from the cache than on the same frames in one chunk. Column by column,
-    the copy never holds more than one extra column (a whole-frame rechunk of 10M kernels
-    would hold a second gpu_ops while the other frames load)."""
-    for name in df.columns:
-        if df.get_column(name).n_chunks() > 1:
-            df = df.with_columns(df.get_column(name).rechunk())
-    return df
-
-
 def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
         try:
-            df.write_parquet(tmp, compression="lz4", statistics=False)
-            os.replace(tmp, folder / f"{frame}.parquet")
+            write_frame(df, tmp)
+            os.replace(tmp, folder / f"{frame}.arrow")
             tmp.write_text(json.dumps(added))
             os.replace(tmp, folder / f"{frame}.notes.json")
         finally:
             tmp.unlink(missing_ok=True)
-    except (OSError, pl.exceptions.PolarsError):
+    except (OSError, pl.exceptions.PolarsError, pa.ArrowException):
         pass  # a read-only or full cache dir only costs speed
 
 
