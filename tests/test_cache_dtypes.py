@@ -29,7 +29,9 @@ def test_cached_frames_have_the_dtypes_of_built_ones(name: str, tmp_path: Path,
     fresh = {frame: built.frame(frame) for frame in ALL_FRAMES}
     cache.flush()  # files are written in the background
     folder = next((tmp_path / "frames").iterdir())
-    assert {p.stem for p in folder.glob("*.arrow")} == set(ALL_FRAMES)
+    # every frame as its data and its dictionary values (`nsysan.load.frame_file`)
+    assert {p.name for p in folder.glob("*.arrow")} == {
+        f"{frame}{suffix}" for frame in ALL_FRAMES for suffix in (".arrow", ".values.arrow")}
 
     again = open_trace(src, cache_dir=tmp_path, frame_cache=True)
 

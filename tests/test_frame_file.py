@@ -16,7 +16,7 @@ from polars.testing import assert_frame_equal
 
 from nsysan.frames import schemas
 from nsysan.load import cache, open_trace
-from nsysan.load.frame_file import read_frame, write_frame
+from nsysan.load.frame_file import TOKEN_COLUMN, VALUE_PREFIX, read_frame, write_frame
 from nsysan.load.sqlite import SqliteSource
 
 NAMED = pl.Categorical(pl.Categories("nsysan_test_kind", physical=pl.UInt8))
@@ -35,6 +35,15 @@ def _sample() -> pl.DataFrame:
     })
 
 
+def _write(df: pl.DataFrame, tmp_path: Path) -> Path:
+    write_frame(df, tmp_path / "f.arrow", tmp_path / "f.values.arrow")
+    return tmp_path / "f.arrow"
+
+
+def _read(tmp_path: Path) -> pl.DataFrame:
+    return read_frame(tmp_path / "f.arrow", tmp_path / "f.values.arrow")
+
+
 def _stored_types(path: Path) -> dict[str, pa.DataType]:
     with pa.memory_map(str(path)) as source:
         schema = ipc.open_file(source).schema
@@ -43,8 +52,8 @@ def _stored_types(path: Path) -> dict[str, pa.DataType]:
 
 def test_a_frame_comes_back_equal_with_its_dtypes(tmp_path: Path) -> None:
     df = _sample()
-    write_frame(df, tmp_path / "f.arrow")
-    got = read_frame(tmp_path / "f.arrow")
+    _write(df, tmp_path)
+    got = _read(tmp_path)
     assert got.schema == df.schema
     assert_frame_equal(got, df)
     # the dictionary columns are stored as integer codes, nothing per row but the code
@@ -55,9 +64,9 @@ def test_a_frame_comes_back_equal_with_its_dtypes(tmp_path: Path) -> None:
 
 def test_codes_take_the_narrowest_width(tmp_path: Path) -> None:
     many = pl.DataFrame({"c": pl.Series([f"v{i}" for i in range(300)], dtype=pl.Categorical)})
-    write_frame(many, tmp_path / "f.arrow")
+    _write(many, tmp_path)
     assert _stored_types(tmp_path / "f.arrow")["c"] == pa.uint16()
-    assert_frame_equal(read_frame(tmp_path / "f.arrow"), many)
+    assert_frame_equal(_read(tmp_path), many)
 
 
 def test_codes_decode_to_their_own_names_after_other_categories_were_made(
@@ -65,9 +74,9 @@ def test_codes_decode_to_their_own_names_after_other_categories_were_made(
     # categories are global to a process: a frame written by another process (or before
     # these names existed) must decode to its names, not to whatever ids now mean
     df = pl.DataFrame({"c": pl.Series(["late", "later", None], dtype=pl.Categorical)})
-    write_frame(df, tmp_path / "f.arrow")
+    _write(df, tmp_path)
     pl.Series([f"other{i}" for i in range(50)]).cast(pl.Categorical)
-    assert read_frame(tmp_path / "f.arrow")["c"].to_list() == ["late", "later", None]
+    assert _read(tmp_path)["c"].to_list() == ["late", "later", None]
 
 
 @pytest.mark.parametrize("df", [
@@ -76,8 +85,8 @@ def test_codes_decode_to_their_own_names_after_other_categories_were_made(
     pl.DataFrame(),
 ], ids=["no rows", "all null", "no columns"])
 def test_edge_frames_come_back(df: pl.DataFrame, tmp_path: Path) -> None:
-    write_frame(df, tmp_path / "f.arrow")
-    got = read_frame(tmp_path / "f.arrow")
+    _write(df, tmp_path)
+    got = _read(tmp_path)
     assert got.schema == df.schema and got.shape == df.shape
     assert_frame_equal(got, df)
 
@@ -86,8 +95,8 @@ def test_a_frame_in_several_chunks_comes_back_in_one(tmp_path: Path) -> None:
     # passes on chunked frames ran 12-15% slower (sorts, gathers and joins)
     df = pl.concat([_sample(), _sample(), _sample()], rechunk=False)
     assert df.n_chunks("all") == [3] * df.width
-    write_frame(df, tmp_path / "f.arrow")
-    got = read_frame(tmp_path / "f.arrow")
+    _write(df, tmp_path)
+    got = _read(tmp_path)
     assert got.n_chunks("all") == [1] * df.width
     assert_frame_equal(got, df)
 
@@ -96,14 +105,13 @@ def test_a_frame_in_several_chunks_comes_back_in_one(tmp_path: Path) -> None:
 def test_each_column_is_its_own_mapping(tmp_path: Path) -> None:
     # a column that outlives its frame (kept by a pass's result) must not keep the whole
     # file resident; the codes' mapping goes once they are decoded
-    path = tmp_path / "f.arrow"
-    write_frame(_sample(), path)
+    path = _write(_sample(), tmp_path)
 
     def mappings() -> int:
         with open("/proc/self/maps") as maps:
             return sum(line.rstrip().endswith(str(path)) for line in maps)
 
-    df = read_frame(path)
+    df = _read(tmp_path)
     plain = [c for c, t in df.schema.items() if not isinstance(t, (pl.Categorical, pl.Enum))]
     assert mappings() == len(plain)
     kept = df.get_column("n")
@@ -113,43 +121,128 @@ def test_each_column_is_its_own_mapping(tmp_path: Path) -> None:
     assert mappings() == 0
 
 
-def test_a_file_it_did_not_write_is_refused(tmp_path: Path) -> None:
+def _rewrite_data(tmp_path: Path, table: pa.Table) -> None:
+    """Replace the data file by ``table``, keeping the token that pairs it with its values."""
     path = tmp_path / "f.arrow"
-    pl.DataFrame({"a": [1, 2]}).write_ipc(path)  # an IPC file, without the values
-    with pytest.raises(ValueError, match="not a frame file"):
-        read_frame(path)
-    path.write_bytes(b"not arrow at all")
-    with pytest.raises((OSError, ValueError, pl.exceptions.PolarsError)):
-        read_frame(path)
-
-
-def test_codes_outside_the_values_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "f.arrow"
-    write_frame(pl.DataFrame({"c": pl.Series(["a", "b"], dtype=pl.Categorical)}), path)
     with pa.memory_map(str(path)) as source:
-        table = ipc.open_file(source).read_all()
-    codes = pa.array([0, 5], pa.uint8())  # 5: no such value
-    bad = pa.table({"c": codes}).replace_schema_metadata(table.schema.metadata)
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, bad.schema) as writer:
-        writer.write_table(bad)
+        metadata = ipc.open_file(source).schema.metadata
+    table = table.replace_schema_metadata(metadata)
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _rewrite_values(tmp_path: Path, change) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "f.values.arrow"
+    change(pl.read_ipc(path)).write_ipc(path)
+
+
+def test_files_it_did_not_write_together_are_refused(tmp_path: Path) -> None:
+    _write(_sample(), tmp_path)
+    write_frame(_sample(), tmp_path / "g.arrow", tmp_path / "g.values.arrow")
+    with pytest.raises(ValueError, match="not the pair"):  # another write's values
+        read_frame(tmp_path / "f.arrow", tmp_path / "g.values.arrow")
+    pl.DataFrame({"a": [1, 2]}).write_ipc(tmp_path / "f.arrow")  # IPC, but no token
+    with pytest.raises(ValueError, match="not a frame file"):
+        _read(tmp_path)
+    (tmp_path / "f.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises((OSError, ValueError, pl.exceptions.PolarsError)):
+        _read(tmp_path)
+
+
+def _token(df: pl.DataFrame) -> pl.Series:
+    return df.get_column(TOKEN_COLUMN)
+
+
+@pytest.mark.parametrize("change", [
+    lambda v: v.clear(),  # no row
+    lambda v: pl.concat([v, v]),  # two rows
+    lambda v: v.with_columns(pl.lit(None, pl.List(pl.Categorical)).alias(VALUE_PREFIX + "cat")),
+    lambda v: v.with_columns(pl.lit(7).alias(VALUE_PREFIX + "cat")),  # not a list
+    lambda v: v.with_columns(pl.lit(["a", "b"]).alias(VALUE_PREFIX + "cat")),  # strings
+    lambda v: v.with_columns(pl.lit(["a"]).cast(pl.List(pl.Categorical)).alias("cat")),
+    lambda v: v.drop(VALUE_PREFIX + "cat"),  # codes without their values
+    lambda v: v.with_columns(pl.lit(["a"]).cast(pl.List(pl.Categorical)).alias(
+        VALUE_PREFIX + "absent")),  # values of a column the frame lacks
+], ids=["no row", "two rows", "null list", "not a list", "strings", "unprefixed",
+        "missing", "extra"])
+def test_values_it_did_not_write_are_refused(change, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _write(_sample(), tmp_path)
+    _rewrite_values(tmp_path, change)
+    with pytest.raises(ValueError):
+        _read(tmp_path)
+
+
+def test_codes_outside_the_values_or_signed_are_refused(tmp_path: Path) -> None:
+    _write(pl.DataFrame({"c": pl.Series(["a", "b"], dtype=pl.Categorical)}), tmp_path)
+    _rewrite_data(tmp_path, pa.table({"c": pa.array([0, 5], pa.uint8())}))  # 5: no value
     with pytest.raises(pl.exceptions.PolarsError):
-        read_frame(path)
+        _read(tmp_path)
+    # a signed code would wrap (gather takes -1 as the last value): refused, not decoded
+    _rewrite_data(tmp_path, pa.table({"c": pa.array([0, -1], pa.int8())}))
+    with pytest.raises(ValueError, match="codes of 'c' are"):
+        _read(tmp_path)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "no values"])
-def test_a_damaged_cache_file_is_built_again(damage: str, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+def test_a_file_replaced_while_read_is_refused(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # columns are mapped one at a time: a writer's rename between two of them (another
+    # analysis storing the same frame) must not give a frame mixed from two files
+    path = _write(_sample(), tmp_path)
+    write_frame(_sample(), tmp_path / "g.arrow", tmp_path / "g.values.arrow")
+    real = pl.read_ipc
+    calls: list[int] = []
+
+    def replacing(*args: object, **kwargs: object) -> pl.DataFrame:
+        calls.append(1)
+        if len(calls) == 3:  # (the values, the first column, then the replacement)
+            os.replace(tmp_path / "g.arrow", path)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pl, "read_ipc", replacing)
+    with pytest.raises(ValueError, match="replaced while it was read"):
+        _read(tmp_path)
+
+
+def _cached(tmp_path: Path) -> tuple[pl.DataFrame, Path]:
     src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
     fresh = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
     cache.flush()
     (data,) = (tmp_path / "frames").rglob("gpu_ops.arrow")
+    return fresh, data
+
+
+def _enum_label_damaged(data: Path) -> None:
+    # one byte of an Enum label changed: still a valid file, decoded to another Enum
+    values = data.with_name("gpu_ops.values.arrow")
+    v = pl.read_ipc(values)
+    kinds = v.get_column(VALUE_PREFIX + "kind")[0].cast(pl.String).to_list()
+    damaged = pl.Enum([k.replace("kernel", "kernal") for k in kinds])
+    v.with_columns(pl.Series(VALUE_PREFIX + "kind", [pl.Series(kinds).str.replace(
+        "kernel", "kernal").cast(damaged)])).write_ipc(values)
+
+
+def _panicking_values(data: Path) -> None:
+    raise pl.exceptions.PanicException("a polars panic on a malformed file")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "no token", "no values file",
+                                    "enum label", "panic"])
+def test_a_damaged_cache_file_is_built_again(damage: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    fresh, data = _cached(tmp_path)
     if damage == "truncated":
         os.truncate(data, data.stat().st_size // 2)
     elif damage == "garbage":
         data.write_bytes(os.urandom(data.stat().st_size))
-    else:
+    elif damage == "no token":
         pl.DataFrame({"start_ns": [1]}).write_ipc(data)
+    elif damage == "no values file":
+        data.with_name("gpu_ops.values.arrow").unlink()
+    elif damage == "enum label":
+        _enum_label_damaged(data)
+    else:
+        monkeypatch.setattr(cache, "read_frame", lambda *a: _panicking_values(data))
     reads: list[str] = []
     real = SqliteSource.read
 
@@ -158,10 +251,32 @@ def test_a_damaged_cache_file_is_built_again(damage: str, tmp_path: Path,
         return real(self, table, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(SqliteSource, "read", counted)
-    again = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    again = open_trace(REPO_ROOT / "fixtures" / "example_ddp.sqlite", cache_dir=tmp_path,
+                       frame_cache=True).frame("gpu_ops")
     assert reads  # built from the export
     assert again.schema == schemas.GPU_OPS
     assert_frame_equal(again, fresh)
     cache.flush()
-    assert_frame_equal(read_frame(data).drop("trace_id", strict=False),
+    assert_frame_equal(read_frame(data, data.with_name("gpu_ops.values.arrow")),
                        fresh.drop("trace_id"))  # and stored again
+
+
+@pytest.mark.parametrize("failure", [OSError("disk full"),
+                                     pl.exceptions.PanicException("a polars panic"),
+                                     pa.ArrowInvalid("bad")])
+def test_a_failed_cache_write_only_costs_speed(failure: BaseException, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+
+    def failing(df: pl.DataFrame, path: Path, values_path: Path) -> None:
+        path.write_bytes(b"partial")  # a half-written temporary file
+        raise failure
+
+    monkeypatch.setattr(cache, "write_frame", failing)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()  # raises nothing
+    assert frame.schema == schemas.GPU_OPS
+    assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
+                and p.name.startswith(".")]  # no temporary file left
+    assert not list((tmp_path / "frames").rglob("gpu_ops*"))

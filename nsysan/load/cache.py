@@ -6,7 +6,8 @@ columnar and memory-mapped (`nsysan.load.frame_file`: its numeric columns are no
 copied); a 10M-kernel trace's frames load in under a second instead of ~50 s
 (bench/RESULTS.md).
 
-Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.arrow`` plus ``<frame>.notes.json``
+Layout: ``<cache dir>/frames/<source name>.<key>/<frame>.arrow`` and ``<frame>.values.arrow``
+(`nsysan.load.frame_file`) plus ``<frame>.notes.json``
 (the loading notes the frame's build added to ``TraceMeta.notes`` and the data-quality counts
 it added to ``TraceMeta.quality``, replayed on a cache hit so results stay identical), and
 facts about the source valid for one version of it (``source.sha256.json``,
@@ -36,6 +37,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from nsysan.frames import schemas, schemas_host
 from nsysan.frames.trace import TRACE_ID, TraceMeta
 from nsysan.load.frame_file import read_frame, write_frame
 
@@ -49,7 +51,7 @@ MIN_BYTES = 64 << 20
 #: correlation ids Int32; 9: those ids UInt32, as CUPTI records them; 10: stored without
 #: the trace_id column, added back on load; 11: launch dimensions but grid x UInt16, CPUs Int16;
 #: 12: copy kinds, memory kinds and thread states as one-byte small vocabularies; 13: Arrow IPC
-#: files of one batch, mapped, instead of LZ4 Parquet)
+#: files of one batch, mapped, their dictionary values beside them, instead of LZ4 Parquet)
 FRAMES_REVISION = 13
 _SAMPLE = 64 << 10
 _EDGE = 1 << 20
@@ -109,14 +111,15 @@ def cached_loader(
     meta.frame_cache = folder
 
     def load(frame: str) -> pl.DataFrame:
-        data, notes = folder / f"{frame}.arrow", folder / f"{frame}.notes.json"
-        if data.is_file() and notes.is_file():
+        data, values, notes = (folder / f"{frame}{suffix}" for suffix in _FILES)
+        if data.is_file() and values.is_file() and notes.is_file():
             try:
-                df = read_frame(data)
+                df = read_frame(data, values)
+                _check_schema(df, frame)
                 added = json.loads(notes.read_text())
                 texts, quality = list(added["notes"]), dict(added["quality"])
             except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError,
-                    pa.ArrowException):
+                    pl.exceptions.PanicException, pa.ArrowException):
                 pass  # damaged or concurrently replaced: rebuild below
             else:
                 for text in texts:
@@ -147,18 +150,38 @@ def cached_loader(
     return load
 
 
+#: a cached frame's files: its data, its dictionary columns' values, its loading notes
+_FILES = (".arrow", ".values.arrow", ".notes.json")
+
+
+def _check_schema(df: pl.DataFrame, frame: str) -> None:
+    """Raise ValueError unless ``df`` has the columns and dtypes of a fresh build of
+    ``frame`` (its canonical schema, stored without the trace id): a damaged label of an
+    Enum, say, reads back as another Enum instead of failing."""
+    canonical = schemas.CANONICAL.get(frame) or schemas_host.HOST_EVIDENCE.get(frame)
+    if canonical is None:
+        return
+    expected = [(name, dtype) for name, dtype in canonical.items() if name != TRACE_ID]
+    if list(df.schema.items()) != expected:
+        raise ValueError(f"cached {frame} does not have the frame's schema")
+
+
 def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
+    data, values, notes = (folder / f"{frame}{suffix}" for suffix in _FILES)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
+        tmp, tmp_values = (folder / f".{frame}.{uuid.uuid4().hex}.tmp" for _ in range(2))
         try:
-            write_frame(df, tmp)
-            os.replace(tmp, folder / f"{frame}.arrow")
+            write_frame(df, tmp, tmp_values)
+            os.replace(tmp_values, values)
+            os.replace(tmp, data)
             tmp.write_text(json.dumps(added))
-            os.replace(tmp, folder / f"{frame}.notes.json")
+            os.replace(tmp, notes)
         finally:
             tmp.unlink(missing_ok=True)
-    except (OSError, pl.exceptions.PolarsError, pa.ArrowException):
+            tmp_values.unlink(missing_ok=True)
+    except (OSError, pl.exceptions.PolarsError, pl.exceptions.PanicException,
+            pa.ArrowException):
         pass  # a read-only or full cache dir only costs speed
 
 
