@@ -1,6 +1,6 @@
-"""`nsysan.frames.sweeps` against brute force (per-nanosecond oracles) and against the polars
-operations they replace, on both packing paths of `packed_keys.Keys` (time offsets, and the
-dense-rank fallback that huge time ranges take)."""
+"""`nsysan.frames.sweeps` and `nsysan.frames.window_sums` against brute force (per-nanosecond
+oracles) and against the polars operations they replace, on both packing paths of
+`packed_keys.Keys` (time offsets, and the dense-rank fallback that huge time ranges take)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
-from nsysan.frames import sweeps
+from nsysan.frames import sweeps, window_sums
 from nsysan.frames.packed_keys import GROUP, Keys
 
 HUGE = 1 << 60  # times this far apart force the dense-rank packing of times
@@ -77,7 +77,7 @@ def test_window_sums_equal_overlay_then_group_by(seg_cuts, win_cuts):
     segs = _disjoint(seg_cuts)
     wins = _disjoint(win_cuts).with_row_index("w").select(
         "device_id", pl.col("w").cast(pl.Int64), "start_ns", "end_ns")
-    got = sweeps.window_sums(segs, wins, ["device_id"], "w", "state_code", "d")
+    got = window_sums.window_sums(segs, wins, ["device_id"], "w", "state_code", "d")
     pieces = iv.overlay(segs, wins, by=["device_id"], window_cols=["w"]).collect()
     want = (pieces.group_by("device_id", "w", "state_code")
             .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("d")))
@@ -90,20 +90,21 @@ def test_window_sums_on_the_dense_time_path():
                          "state_code": [1, 2]})
     wins = pl.DataFrame({"device_id": [0], "w": [5], "start_ns": [HUGE // 2],
                          "end_ns": [HUGE + 3]})
-    got = sweeps.window_sums(segs, wins, ["device_id"], "w", "state_code", "d").sort("state_code")
+    got = window_sums.window_sums(segs, wins, ["device_id"], "w", "state_code", "d")
+    got = got.sort("state_code")
     assert got["d"].to_list() == [HUGE - HUGE // 2, 3]
 
 
 def group_lengths(df: pl.DataFrame, by: list[str], value: str, name: str) -> pl.DataFrame:
     """Total length of the intervals per (``by``, ``value``): ``by + [value, name]``, only
     positive totals, in no particular order (``value``: a non-null integer column taking few
-    distinct values, such as a state code). The reference `sweeps.run_lengths` and the totals
-    of `sweeps.run_sums` are checked against (rows in any order, groups by packed keys); it
+    distinct values, such as a state code). The reference `window_sums.run_lengths` and the totals
+    of `window_sums.run_sums` are checked against (rows in any order, groups by packed keys); it
     was `sweeps.group_lengths`, which had no caller left in the package."""
     keys = Keys([df], by, [])
     group, uniq = sweeps.dense_codes(keys.group_code(0))
     length = df.select(pl.col("end_ns") - pl.col("start_ns")).to_series().to_numpy()
-    g, values, sums = sweeps._pair_sums(group, len(uniq), df[value].to_numpy(), length)
+    g, values, sums = window_sums._pair_sums(group, len(uniq), df[value].to_numpy(), length)
     return keys.attach_by(pl.DataFrame({
         GROUP: uniq[g], value: pl.Series(values, dtype=df.schema[value]), name: sums,
     }))
@@ -232,12 +233,12 @@ def test_cell_sums_in_chunks_equal_one_exact_scatter(pairs, chunk, n):
     weights = np.array([w for _, w in pairs], np.int64)
     want = np.zeros(n, np.int64)
     np.add.at(want, cell, weights)
-    saved = sweeps.CELL_CHUNK
-    sweeps.CELL_CHUNK = chunk
+    saved = window_sums.CELL_CHUNK
+    window_sums.CELL_CHUNK = chunk
     try:
-        got = sweeps.cell_sums(cell, weights, n)
-        huge = sweeps.cell_sums(cell, weights << 22, n)  # totals beyond 2**52 when long
+        got = window_sums.cell_sums(cell, weights, n)
+        huge = window_sums.cell_sums(cell, weights << 22, n)  # totals beyond 2**52 when long
     finally:
-        sweeps.CELL_CHUNK = saved
+        window_sums.CELL_CHUNK = saved
     assert got.dtype == np.int64 and np.array_equal(got, want)
     assert np.array_equal(huge, want << 22)

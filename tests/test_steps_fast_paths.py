@@ -1,9 +1,9 @@
 """The fast paths of the steps pass against the generic code they stand for:
-`sweeps.run_sums` (per-step state times and totals) against `sweeps.window_sums` over the windows
-crossed with every group (dense-table path, integer path for huge times, sparse fallback, empty
-inputs, null groups), `sweeps.run_lengths` against the reference `group_lengths` (in
-test_intervals_sweeps), the narrow-dtype `sweeps.state_instants`, and the one-device
-`steps.device_segments`."""
+`window_sums.run_sums` (per-step state times and totals) against `window_sums.window_sums`
+over the windows crossed with every group (dense-table path, integer path for huge times,
+sparse fallback, empty inputs, null groups), `window_sums.run_lengths` against the reference
+`group_lengths` (in test_intervals_sweeps), the narrow-dtype `sweeps.state_instants`, and the
+one-device `steps.device_segments`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_intervals_sweeps import group_lengths
 
-from nsysan.frames import sweeps
+from nsysan.frames import sweeps, window_sums
 from nsysan.passes import steps
 
 HUGE = 1 << 60  # lengths this long make float sums inexact: the integer path
@@ -44,11 +44,11 @@ def _windows(cuts, scale: int = 1) -> pl.DataFrame:
 
 def _expected(segs: pl.DataFrame, wins: pl.DataFrame) -> pl.DataFrame:
     per_group = segs.select(pl.col("device_id").unique()).join(wins, how="cross")
-    return sweeps.window_sums(segs, per_group, ["device_id"], "w", "state_code", "d")
+    return window_sums.window_sums(segs, per_group, ["device_id"], "w", "state_code", "d")
 
 
 def _check(segs: pl.DataFrame, wins: pl.DataFrame) -> None:
-    got, totals = sweeps.run_sums(segs, wins, "device_id", "w", "state_code", "d")
+    got, totals = window_sums.run_sums(segs, wins, "device_id", "w", "state_code", "d")
     want = _expected(segs, wins)
     assert got.schema == want.schema
     assert got.sort(KEY, nulls_last=False).equals(want.sort(KEY, nulls_last=False))
@@ -70,7 +70,7 @@ cuts_st = st.lists(st.integers(-5, 45), max_size=8)
 @given(groups_st, st.sampled_from([1, HUGE >> 6]))
 def test_run_lengths_equal_group_lengths(groups, scale):
     segs = _segments(groups, scale)
-    got = sweeps.run_lengths(segs, "device_id", "state_code", "d")
+    got = window_sums.run_lengths(segs, "device_id", "state_code", "d")
     want = group_lengths(segs, ["device_id"], "state_code", "d")
     key = ["device_id", "state_code"]
     assert got.schema == want.schema
@@ -94,7 +94,7 @@ def test_huge_lengths_take_the_integer_path():
     segs = pl.DataFrame({"device_id": [0, 0], "start_ns": [0, HUGE], "end_ns": [HUGE, 2 * HUGE],
                          "state_code": [1, 2]})
     wins = pl.DataFrame({"w": [5], "start_ns": [HUGE // 2], "end_ns": [HUGE + 3]})
-    got, _ = sweeps.run_sums(segs, wins, "device_id", "w", "state_code", "d")
+    got, _ = window_sums.run_sums(segs, wins, "device_id", "w", "state_code", "d")
     assert got.sort("state_code")["d"].to_list() == [HUGE - HUGE // 2, 3]
 
 

@@ -8,7 +8,7 @@ from test_gaps import MS, K, build
 from test_steps import R
 
 from nsysan.api import analyze
-from nsysan.frames import sweeps
+from nsysan.frames import window_sums
 from nsysan.frames.context import AnalysisContext
 from nsysan.passes import overlap, steps
 
@@ -24,8 +24,8 @@ def _trace():
 
 def test_overlap_per_step_rows_equal_with_and_without_the_shared_states(monkeypatch):
     calls = []
-    run_sums = sweeps.run_sums
-    monkeypatch.setattr(sweeps, "run_sums", lambda *a: calls.append(1) or run_sums(*a))
+    run_sums = window_sums.run_sums
+    monkeypatch.setattr(window_sums, "run_sums", lambda *a: calls.append(1) or run_sums(*a))
     trace = AnalysisContext(_trace())
     res = {"steps": steps.run(trace, steps.StepsParams(), {})}
     assert steps.STEP_STATES.name in trace.products()

@@ -45,9 +45,9 @@ import polars as pl
 from nsysan.frames import containment as cn
 from nsysan.frames import intervals as iv
 from nsysan.frames import schemas
-from nsysan.frames.sweeps import cell_sums
 from nsysan.frames.text import as_text, is_encoded
 from nsysan.frames.trace import Trace
+from nsysan.frames.window_sums import cell_sums
 from nsysan.passes import attribution_sums as sums
 from nsysan.passes import device_blocks, op_link
 from nsysan.passes.base import PassResult, PassSpec, Results

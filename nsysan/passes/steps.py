@@ -64,7 +64,7 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames import intervals as iv
-from nsysan.frames import schemas, sweeps
+from nsysan.frames import schemas, window_sums
 from nsysan.frames.context import Product, product, share
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec, Results
@@ -139,7 +139,7 @@ def _device_segments(trace: Trace) -> pl.DataFrame:
 def _step_sweep(trace: Trace, segs: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     # The segments come grouped by device and sorted by start: a sweep per device run, which
     # also gives every device's totals (`device_totals`) on the way.
-    states, totals = sweeps.run_sums(segs, windows, "device_id", "step", "state_code",
+    states, totals = window_sums.run_sums(segs, windows, "device_id", "step", "state_code",
                                      "duration_ns")
     share(trace, DEVICE_TOTALS, totals, segs)
     return states
@@ -156,7 +156,7 @@ STEP_STATES: Product[pl.DataFrame] = Product(
     "the time of every overlap state of every device in every step window")
 DEVICE_TOTALS: Product[pl.DataFrame] = Product(
     "steps.device_totals", (),
-    lambda trace, segs: sweeps.run_lengths(segs, "device_id", "state_code", "duration_ns"),
+    lambda trace, segs: window_sums.run_lengths(segs, "device_id", "state_code", "duration_ns"),
     "the time of every overlap state of every device over its whole span")
 
 
