@@ -5,7 +5,7 @@
 Each round runs ``python -m nsysan analyze TRACE -o OUT`` once with ``PYTHONPATH`` = the
 base checkout and once with this checkout (the order flips every round, so a drift of the
 machine's load hits both alike), every run a new process measured by `bench_analyze.run`
-(wall, CPU, peak RSS). Without ``--cache`` the Parquet frame cache is off (the SQLite read
+(wall, CPU, peak RSS). Without ``--cache`` the frame cache is off (the SQLite read
 is part of every run); with it, each side has its own cache directory, filled by a first
 unmeasured run. Prints the median and the range of each side.
 """

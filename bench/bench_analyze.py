@@ -5,7 +5,7 @@
 Default traces: sc22 (shared) and the scaled copies in bench/data/ (bench/scale_trace.py).
 Every case runs as a new process; wall time, CPU time (user + system of the process and its
 children) and peak RSS come from ``os.wait4``. *cold* = the trace's pages evicted from the page
-cache (posix_fadvise DONTNEED) and, for tools with a cache (nsysan's Parquet cache, nsys-ai's
+cache (posix_fadvise DONTNEED) and, for tools with a cache (nsysan's frame cache, nsys-ai's
 DuckDB/Parquet cache), that cache empty; *warm* = the same command again with caches kept.
 Cases:
 
@@ -165,7 +165,7 @@ def bench_trace(trace: Path, repeat: int, nsysai: str | None, sql: tuple[str, st
             if "nsysan" in cases:
                 out.setdefault("nsysan all, cold", []).append(
                     run([py, "-m", "nsysan", "analyze", str(trace), "-o", str(work / "o")], env))
-                out.setdefault("nsysan all, warm (Parquet cache)", []).append(
+                out.setdefault("nsysan all, warm (frame cache)", []).append(
                     run([py, "-m", "nsysan", "analyze", str(trace), "-o", str(work / "o")], env))
                 shutil.rmtree(cache, ignore_errors=True)
                 evict(trace)

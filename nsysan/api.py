@@ -109,7 +109,7 @@ def start(
     and while the first passes run; with ``hash_inputs`` the input files are hashed for the
     manifest in a background thread too. `analyze` calls it; a caller may call it earlier
     (``nsysan analyze`` does, while it imports the passes) and pass the trace to `analyze`.
-    ``frame_cache`` is `nsysan.load.open_trace`'s (False: no Parquet cache of the frames).
+    ``frame_cache`` is `nsysan.load.open_trace`'s (False: no cache of the frames).
     """
     trace = _open(path_or_trace, nsys, frame_cache)
     # Starting a trace again starts nothing new: the hashes are keyed by file version and a

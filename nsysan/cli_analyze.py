@@ -110,7 +110,7 @@ def _fails(result: Any, fail_on: str | None) -> bool:
               help="Also write trace.pftrace: the annotated timeline for ui.perfetto.dev "
               "(needs nsysan[perfetto]).")
 @click.option("--no-cache", is_flag=True, default=False,
-              help="Do not read or write the Parquet cache of canonical frames (kept for big "
+              help="Do not read or write the cache of canonical frames (kept for big "
               "SQLite exports; same as NSYSAN_NO_CACHE=1).")
 def analyze_cmd(traces: tuple[Path, ...], out: Path, passes: str | None,
                 settings: tuple[str, ...], fail_on: str | None, samples_per_step: float | None,

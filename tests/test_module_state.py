@@ -29,7 +29,7 @@ _MUTATORS = frozenset({
 #: module -> name -> why it is module state
 ALLOWED = {
     "nsysan/load/cache.py": {
-        "_executor": "the one background thread that writes Parquet cache files for the "
+        "_executor": "the one background thread that writes frame cache files for the "
                      "process (`flush` waits for it before exit); holds no trace data",
         "_pending": "the cache writes queued on that thread, drained by `flush`",
     },

@@ -1,4 +1,4 @@
-"""Performance paths must not change results: ADBC integer reads, the Parquet frame cache,
+"""Performance paths must not change results: ADBC integer reads, the frame cache,
 the scaled-trace generator of bench/ (issue 9)."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def open_trace(
 ) -> Trace:
     """Open a profile: probe what it holds now, read each canonical frame on first use.
 
-    ``frame_cache``: keep a Parquet copy of the frames for repeat analyses (`nsysan.load.cache`;
+    ``frame_cache``: keep a mapped copy of the frames for repeat analyses (`nsysan.load.cache`;
     None = only for big SQLite exports, unless ``$NSYSAN_NO_CACHE`` is set).
 
     ``trace.meta`` says what could not be loaded (``missing``: frame -> why and how to capture
