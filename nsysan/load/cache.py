@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.trace import TRACE_ID, TraceMeta
-from nsysan.load.frame_file import read_frame, write_frame
+from nsysan.load.frame_file import file_identity, read_frame, write_frame
 
 MIN_BYTES = 64 << 20
 #: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
@@ -189,16 +189,6 @@ def _store(df: pl.DataFrame, folder: Path, frame: str, added: dict) -> None:
 #: its sha256 (`stored_digest`) and the row count of every table (`stored_counts`)
 DIGEST_FILE = "source.sha256.json"
 COUNTS_FILE = "source.tables.json"
-
-
-def file_identity(path: Path) -> list[int] | None:
-    """What tells one version of a file from another without reading it: device, inode,
-    size, modification and change times (any write changes the change time)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _kept(folder: Path, name: str, path: Path, key: str) -> object:

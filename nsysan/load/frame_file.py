@@ -60,14 +60,12 @@ def _encode(column: pl.Series) -> tuple[pl.Series, pl.Series]:
     values = column.unique(maintain_order=True).drop_nulls()
     physical = values.to_physical().cast(pl.UInt32)
     # the code of each physical id present: a lookup as long as the largest id (ids are
-    # small and dense: the categories of one process)
-    top = int(physical.max()) + 1 if len(physical) else 0  # type: ignore[arg-type]
+    # small and dense: the categories of one process); a null id gathers a null code
+    top = int(physical.max()) + 1 if len(physical) else 1  # type: ignore[arg-type]
     lookup = pl.Series(column.name, [None], dtype=_code_type(len(values)))
-    lookup = lookup.extend_constant(None, max(top - 1, 0))
+    lookup = lookup.extend_constant(None, top - 1)
     lookup = lookup.scatter(physical, pl.arange(0, len(values), eager=True))
-    codes = lookup.gather(column.to_physical().cast(pl.UInt32)) if top else (
-        pl.Series(column.name, [None] * len(column), dtype=lookup.dtype))
-    return codes, values
+    return lookup.gather(column.to_physical().cast(pl.UInt32)), values
 
 
 def write_frame(df: pl.DataFrame, path: Path, values_path: Path) -> None:
@@ -109,7 +107,7 @@ def read_frame(path: Path, values_path: Path) -> pl.DataFrame:
     read (the columns are mapped one at a time, so they could mix two files). The caller
     checks the dtypes against what it expects: a damaged Enum label reads as another Enum.
     """
-    before = _version(path)
+    before = file_identity(path)
     with pa.memory_map(str(path)) as source:
         schema = ipc.open_file(source).schema
     token = (schema.metadata or {}).get(TOKEN_KEY)
@@ -143,11 +141,17 @@ def read_frame(path: Path, values_path: Path) -> pl.DataFrame:
         columns.append(column)
     if lookups:
         raise ValueError(f"{values_path}: values of columns the frame lacks: {sorted(lookups)}")
-    if _version(path) != before:
+    if file_identity(path) != before:
         raise ValueError(f"{path}: replaced while it was read")
     return pl.DataFrame(columns)
 
 
-def _version(path: Path) -> tuple[int, ...]:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def file_identity(path: Path) -> list[int] | None:
+    """What tells one version of a file from another without reading it: device, inode,
+    size, modification and change times (any write changes the change time); None when it
+    cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
