@@ -18,6 +18,7 @@ import nsysan
 from nsysan.cli import cli
 from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
+from nsysan.frames.conform import select_narrowed
 from nsysan.load import open_trace
 from nsysan.load.adapters import COPY_KINDS
 from nsysan.passes.registry import registry
@@ -131,6 +132,29 @@ def test_conform_checks_only_what_it_narrows() -> None:
     signed = pl.DataFrame({"tid": [-(1 << 31), (1 << 31) - 1]})
     assert schemas.conform(signed, pl.Schema({"tid": schemas.OS_ID}))["tid"].to_list() == [
         -(1 << 31), (1 << 31) - 1]
+
+
+def test_select_narrowed_is_conform_of_the_select_made_a_column_at_a_time() -> None:
+    # what a frame build's last step gives: the columns and values of `conform` of the
+    # select, each input column dropped from the build's own frame once read for the last time
+    raw = pl.DataFrame({"globalTid": [(7 << 24) | 5, (7 << 24) | 6, None],
+                        "gridX": [1, 70000, None], "start": [3, 1, 2], "unused": [0, 0, 0]})
+    exprs = {"start_ns": "start", "tid": pl.col("globalTid") & 0xFFFFFF,
+             "grid_x": "gridX", "pid": pl.col("globalTid") // (1 << 24), "flag": pl.lit(True),
+             "grid_y": pl.col("gridX") // 2}
+    schema = pl.Schema({"start_ns": pl.Int64, "tid": schemas.OS_ID, "grid_x": pl.Int32,
+                        "pid": schemas.OS_ID, "flag": pl.Boolean, "grid_y": pl.Int64})
+    want = schemas.conform(raw.select(**exprs), schema)
+    own = raw.clone()
+    got = select_narrowed(own, exprs, schema)
+    assert got.schema == want.schema and got.equals(want)
+    assert own.columns == ["unused"]  # read columns dropped; the caller's copy is not
+    assert raw.width == 4
+    assert select_narrowed(raw.head(0), exprs, schema).schema == want.schema
+    # the checks of `conform` on each narrowed column, with the column's name
+    with pytest.raises(TraceFormatError, match="column pid holds 4294967296"):
+        select_narrowed(pl.DataFrame({"globalTid": [1 << 56]}),
+                        {"pid": pl.col("globalTid") // (1 << 24)}, pl.Schema({"pid": schemas.OS_ID}))
 
 
 def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) -> None:

@@ -111,3 +111,43 @@ def _check_narrowing(df: pl.DataFrame, schema: pl.Schema) -> None:
                 f"column {name} holds {bad[0]}, outside the range of {what}: the export is "
                 "damaged or was not written by nsys; export the report again (nsys export "
                 "--type sqlite)")
+
+
+
+def select_narrowed(df: pl.DataFrame, exprs: dict[str, pl.Expr | str], schema: pl.Schema
+                    ) -> pl.DataFrame:
+    """``df.select(**exprs)`` with each column that ``schema`` declares already conformed to
+    its dtype (`conform`'s checks included), made one column at a time from a frame the
+    caller owns: ``df``'s columns are dropped here.
+
+    Why: a frame build's last select held the raw integer frame, the selected frame (Int64
+    ids, widths as read) and, in `conform`, its narrowed copy at once. Here each output
+    column is narrowed as soon as it is made, and each input column is dropped after the
+    last expression that reads it, so the build holds the raw frame and the narrow columns
+    made so far; the `conform` that finishes the frame then casts nothing. Expressions of no
+    column (literals) are broadcast to the frame's height, as ``select`` does beside others.
+    """
+    wanted = {name: pl.col(e) if isinstance(e, str) else e for name, e in exprs.items()}
+    last_use: dict[str, str] = {}
+    for name, expr in wanted.items():
+        for root in expr.meta.root_names():
+            last_use[root] = name
+    made: dict[str, pl.Series | pl.Expr] = {}
+    for name, expr in wanted.items():
+        if not expr.meta.root_names():
+            made[name] = expr
+            continue
+        column = df.select(expr.alias(name))
+        if name in schema:
+            column = conform(column, pl.Schema({name: schema[name]}))
+        made[name] = column.to_series()
+        del column
+        for root, last in last_use.items():
+            if last == name and root in df.columns:
+                df.drop_in_place(root)
+    series = [s for s in made.values() if isinstance(s, pl.Series)]
+    out = pl.DataFrame(series, height=df.height)
+    literals = {n: e for n, e in made.items() if isinstance(e, pl.Expr)}
+    if literals:  # (polars keeps a literal a constant column)
+        out = out.with_columns(**literals).select(list(made))
+    return out

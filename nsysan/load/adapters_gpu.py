@@ -10,6 +10,7 @@ import polars as pl
 
 from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
+from nsysan.frames.conform import select_narrowed
 from nsysan.load.adapters import (
     COMMON_COLUMNS,
     COPY_KINDS,
@@ -85,7 +86,8 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
     nccl = pl.col("shortName").is_in(_nccl_ids(adapter, "starts_with")) | pl.col(
         "demangledName"
     ).is_in(_nccl_ids(adapter, "contains"))
-    out = ops.select(  # (trace_id: `Adapter.finish` adds it as a constant column)
+    # (trace_id: `Adapter.finish` adds it as a constant column)
+    out = select_narrowed(ops, dict(
         kind=enum_mapped(kind, dict(enumerate(_OP_KINDS)), schemas.GPU_OP_KIND),
         start_ns="start",
         end_ns="end",
@@ -112,7 +114,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
             by_kind(pl.when(nccl.fill_null(False)).then(0).otherwise(1), copy_key), classes,
             schemas.OP_CLASS,
         ).fill_null("memcpy_d2d"),
-    )
+    ), schemas.GPU_OPS)
     return adapter.finish(out, schemas.GPU_OPS)
 
 def _labels(adapter: Adapter, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:

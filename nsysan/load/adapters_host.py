@@ -9,6 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.conform import select_narrowed
 from nsysan.load.adapters import (
     API_CLASS_RULES,
     COMMON_COLUMNS,
@@ -87,7 +88,7 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
         .then(pl.lit("driver", dtype=schemas.API_LAYER))
         .otherwise(pl.col("_layer").fill_null(pl.lit("runtime", dtype=schemas.API_LAYER)))
     )
-    df = df.select(
+    df = select_narrowed(df, dict(
         start_ns="start",
         end_ns="end",
         global_tid="globalTid",
@@ -99,7 +100,7 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
         api_class=pl.col("api_class").fill_null(pl.lit("other", dtype=schemas.API_CLASS)),
         layer=layer,
         return_value="returnValue",
-    )
+    ), schemas.CUDA_API)
     df = drop_duplicate_correlations(
         df, quality, process="global_pid", correlation="correlation_id", start="start_ns",
         end="end_ns", name="name",

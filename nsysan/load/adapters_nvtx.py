@@ -42,6 +42,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas
+from nsysan.frames.conform import select_narrowed
 from nsysan.frames.order import content_sort
 from nsysan.load.adapters import Adapter, global_pid_of, pid_of, tid_of
 from nsysan.load.adapters_nvtx_payload import decode_payloads, read_blobs
@@ -129,7 +130,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         last = kept.select(pl.max_horizontal(sane)).item()
         duration = int(last) if last is not None else 0
     is_mark = pl.col("style") == "mark"
-    ev = ev.select(
+    ev = select_narrowed(ev, dict(
         start_ns="start",
         end_ns=pl.when(is_mark)
         .then(pl.col("start"))
@@ -147,7 +148,7 @@ def build_nvtx(adapter: Adapter) -> pl.DataFrame | None:
         style="style",
         unterminated=~is_mark & (pl.col("end").is_null() | (pl.col("end") == duration)),
         payload_json=pl.coalesce("jsonText", "json_value", "blob_json"),
-    )
+    ), schemas.NVTX)
     ev = _with_content_ids(ev)
     unnamed = ev["domain"].null_count()
     if unnamed:

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from nsysan.frames import schemas_host
+from nsysan.frames.conform import select_narrowed
 from nsysan.frames.order import content_sort, content_sort_in_place, strictly_increasing
 from nsysan.load.adapters import Adapter, pid_of, tid_of
 from nsysan.load.adapters_sched import state_labels
@@ -143,7 +144,7 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
 
     df = _with_summary(state_labels(adapter, df, "threadState", "thread_state"),
                        stack_summary(adapter))
-    df = df.select(
+    df = select_narrowed(df, dict(
         sample_id="id",
         time_ns="start",
         global_tid="globalTid",
@@ -154,7 +155,7 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
         leaf_symbol="leaf_symbol",
         leaf_module="leaf_module",
         stack_layer="stack_layer",
-    )
+    ), schemas_host.CPU_SAMPLES)
     # (in place: ``df`` is this function's own frame)
     return adapter.finish(content_sort_in_place(df, ["time_ns", "global_tid", "sample_id"]),
                           schemas_host.CPU_SAMPLES)

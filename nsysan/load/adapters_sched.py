@@ -23,6 +23,7 @@ from __future__ import annotations
 import polars as pl
 
 from nsysan.frames import schemas, schemas_host
+from nsysan.frames.conform import select_narrowed
 from nsysan.frames.order import content_sort, content_sort_in_place
 from nsysan.load.adapters import Adapter, pid_of, small_labels, tid_of
 
@@ -118,7 +119,7 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
             f"those on-CPU intervals are closed at the session end ({session_end} ns)"
         )
     out = state_labels(adapter, out, "_state", "out_state")
-    out = out.select(
+    out = select_narrowed(out, dict(
         global_tid="globalTid",
         pid=pid_of("globalTid"),
         tid=tid_of("globalTid"),
@@ -128,6 +129,6 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
         open_start="open_start",
         open_end="open_end",
         out_state=pl.when(pl.col("_state").is_not_null()).then(pl.col("out_state")),
-    )
+    ), schemas_host.SCHED)
     out = content_sort_in_place(out, ["global_tid", "start_ns", "end_ns"])  # (its own)
     return adapter.finish(out, schemas_host.SCHED)
