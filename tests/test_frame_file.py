@@ -4,6 +4,7 @@ not write is refused, and the cache then builds the frame again from the export.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -208,7 +209,11 @@ def _cached(tmp_path: Path) -> tuple[pl.DataFrame, Path]:
     fresh = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
     cache.flush()
     (data,) = (tmp_path / "frames").rglob("gpu_ops.arrow")
-    return fresh, data
+    # a copy in memory: the frame is mapped from the file the tests damage in place (a file
+    # cut short under a mapping kills the process that reads it: SIGBUS)
+    copy = io.BytesIO()
+    fresh.write_ipc(copy)
+    return pl.read_ipc(copy, memory_map=False), data
 
 
 def _enum_label_damaged(data: Path) -> None:
@@ -268,7 +273,7 @@ def test_a_failed_cache_write_only_costs_speed(failure: BaseException, tmp_path:
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
 
-    def failing(df: pl.DataFrame, path: Path, values_path: Path) -> None:
+    def failing(df: pl.DataFrame, path: Path, values_path: Path, **_: object) -> None:
         path.write_bytes(b"partial")  # a half-written temporary file
         raise failure
 
@@ -279,4 +284,77 @@ def test_a_failed_cache_write_only_costs_speed(failure: BaseException, tmp_path:
     assert frame.schema == schemas.GPU_OPS
     assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
                 and p.name.startswith(".")]  # no temporary file left
+    assert not list((tmp_path / "frames").rglob("gpu_ops*"))
+
+
+def _mapped_files() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {line.split(maxsplit=5)[5].strip() for line in maps
+                if len(line.split(maxsplit=5)) == 6}
+
+
+def test_a_first_analysis_keeps_the_frames_it_cached_mapped(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # the built frame is written, read back mapped and kept: the analysis holds what a
+    # repeat one from the cache holds; the files are put in place in the background
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    built = open_trace(src, frame_cache=False).frame("gpu_ops")
+    first = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    assert_frame_equal(first, built)
+    mapped = _mapped_files()
+    assert any(m.startswith(str(tmp_path)) and "gpu_ops" in m for m in mapped), "not mapped"
+    cache.flush()
+    folder = next((tmp_path / "frames").iterdir())
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("gpu_ops")) == [
+        "gpu_ops.arrow", "gpu_ops.notes.json", "gpu_ops.values.arrow"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert_frame_equal(first, built)  # still readable after the rename
+    again = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    assert_frame_equal(again, built)
+
+
+@pytest.mark.parametrize("step", ["flush", "rename"])
+def test_a_failed_commit_leaves_no_file_and_a_readable_frame(step: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    if step == "flush":
+        def failing(*paths: Path) -> None:
+            raise OSError("I/O error")
+        monkeypatch.setattr(cache, "make_durable", failing)
+    else:
+        real = os.replace
+
+        def failing_rename(a: object, b: object) -> None:
+            if str(b).endswith("gpu_ops.arrow"):
+                raise OSError("no space left")
+            real(a, b)  # type: ignore[arg-type]
+        monkeypatch.setattr(cache.os, "replace", failing_rename)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()  # raises nothing
+    assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
+                and p.name.startswith(".")]  # no temporary file left
+    assert not list((tmp_path / "frames").rglob("gpu_ops.arrow"))
+    # the kept frame maps a file that is now unlinked: still whole
+    assert_frame_equal(frame, open_trace(src, frame_cache=False).frame("gpu_ops"))
+
+
+def test_a_frame_that_does_not_read_back_is_kept_as_built(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+
+    def unreadable(*_: object) -> pl.DataFrame:
+        raise ValueError("not a frame file")
+
+    monkeypatch.setattr(cache, "read_frame", unreadable)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()
+    assert_frame_equal(frame, open_trace(src, frame_cache=False).frame("gpu_ops"))
+    assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
+                and p.name.startswith(".")]
     assert not list((tmp_path / "frames").rglob("gpu_ops*"))
