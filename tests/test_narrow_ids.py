@@ -154,7 +154,8 @@ def test_select_narrowed_is_conform_of_the_select_made_a_column_at_a_time() -> N
     # the checks of `conform` on each narrowed column, with the column's name
     with pytest.raises(TraceFormatError, match="column pid holds 4294967296"):
         select_narrowed(pl.DataFrame({"globalTid": [1 << 56]}),
-                        {"pid": pl.col("globalTid") // (1 << 24)}, pl.Schema({"pid": schemas.OS_ID}))
+                        {"pid": pl.col("globalTid") // (1 << 24)},
+                        pl.Schema({"pid": schemas.OS_ID}))
 
 
 def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) -> None:
