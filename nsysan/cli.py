@@ -239,3 +239,7 @@ cli.add_command(scaling_cmd)
 from nsysan.cli_perfetto import perfetto_cmd  # noqa: E402  (command defined in its own module)
 
 cli.add_command(perfetto_cmd)
+
+from nsysan.cli_cache import cache_group  # noqa: E402  (own module)
+
+cli.add_command(cache_group)

@@ -129,6 +129,9 @@ def open_trace(
     if isinstance(source, SqliteSource) and cache.enabled(source.path, source.format,
                                                           frame_cache):
         folder = cache.folder_for(source.path, cache_dir)
+        from nsysan.load.cache_space import keep_bounded
+
+        keep_bounded(folder)  # (before this analysis may add a trace's frames to the cache)
         _counts_from_cache(source, folder)
     tables = source.tables()
     # empty tables count as absent: a non-lazy export of a CPU-only capture has them all

@@ -21,7 +21,9 @@ When: by default only SQLite sources of at least ``MIN_BYTES`` (small traces loa
 under a second; caching them would only fill the disk); ``frame_cache=True`` forces it,
 ``False`` or ``$NSYSAN_NO_CACHE=1`` (CLI: ``--no-cache``) turns it off. Each file is written
 to a temporary name and renamed, so concurrent analyses never read a partial file; a cache file
-that cannot be read is rebuilt from the source.
+that cannot be read is rebuilt from the source. The analysis that writes a frame keeps the
+mapped copy, not the frame it built (`_written_and_mapped`). Its disk space is bounded by
+`nsysan.load.cache_space` (``$NSYSAN_CACHE_MAX``).
 """
 
 from __future__ import annotations

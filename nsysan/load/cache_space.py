@@ -1,0 +1,160 @@
+"""The frame cache's disk space: what it holds (`entries`), removing some of it (`prune`), and
+the bound every analysis keeps it to (`keep_bounded`, ``$NSYSAN_CACHE_MAX``).
+
+Why: a cached trace takes about 30% of its export's size (uncompressed Arrow files,
+`nsysan.load.frame_file`: 2.7 GB for a 10M-kernel trace), every analysis of a big SQLite export
+writes one by default, and the folders of earlier versions of a file, of nsysan or of the cache
+layout are never read again. Without a bound, an archive analysed in batch fills the disk.
+
+What is nsysan's: only the folders ``<cache>/frames/<source name>.<24 hex digits>`` (the
+layout of `nsysan.load.cache`) and, inside them, only the files the cache writes there
+(`OWN_FILES`; temporary files of a write in progress only once they are an hour old). Anything
+else, in the cache dir or inside those folders, is left as it is, and so is a folder that still
+holds something after nsysan's files are gone. A folder's last use is its modification time:
+an analysis that opens it touches it (`keep_bounded`), and writing its files changes it.
+
+Concurrent analyses are safe: a frame whose files are removed while another analysis maps them
+stays readable there (the inode lives until it is unmapped), and one whose files vanish before
+they are read is built from the export again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nsysan.errors import ConfigError
+
+#: the environment variable of the bound (a size: ``20G``, ``500M``, a number of bytes; or
+#: ``none`` for no bound)
+MAX_ENV = "NSYSAN_CACHE_MAX"
+#: the bound when ``$NSYSAN_CACHE_MAX`` is not set: seven 10M-kernel traces
+DEFAULT_MAX_BYTES = 20 << 30
+#: a temporary file younger than this may be a write in progress: never removed
+TEMPORARY_AGE_S = 3600
+
+_FOLDER = re.compile(r"^(?P<source>.+)\.(?P<key>[0-9a-f]{24})$")
+#: the names of the files `nsysan.load.cache` writes in a trace's folder
+OWN_FILES = re.compile(
+    r"^(?:[a-z_]+\.(?:arrow|values\.arrow|notes\.json)"
+    r"|source\.(?:sha256|tables)\.json"
+    r"|\.[a-z_.]+\.[0-9a-f]{32}\.tmp)$"
+)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One trace's cached frames: its folder, the name of the export it was read from, the
+    bytes of nsysan's files in it, and when it was last used (seconds since the epoch)."""
+
+    folder: Path
+    source_name: str
+    bytes: int
+    last_used: float
+
+
+def parse_size(text: str, what: str = MAX_ENV) -> int | None:
+    """``text`` (``20G``, ``1.5GB``, ``500M``, ``4096``; ``none`` for no bound) in bytes, or
+    None for no bound; `ConfigError` naming ``what`` otherwise."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if value in ("NONE", "UNLIMITED"):
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", value)
+    if not match:
+        raise ConfigError(f"{what} is {text!r}, not a size: give bytes or a number with K, M, "
+                          "G or T (e.g. 20G), or none for no bound")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def max_bytes() -> int | None:
+    """The bound of the frame cache: ``$NSYSAN_CACHE_MAX`` when set, else
+    `DEFAULT_MAX_BYTES`; None for no bound."""
+    text = os.environ.get(MAX_ENV, "").strip()
+    return parse_size(text) if text else DEFAULT_MAX_BYTES
+
+
+def entries(root: Path) -> list[CacheEntry]:
+    """The traces cached under ``root`` (a cache's ``frames`` folder), least recently used
+    first (then by folder name: the order never depends on the directory's)."""
+    found = []
+    try:
+        folders = [p for p in root.iterdir() if _FOLDER.match(p.name) and p.is_dir()
+                   and not p.is_symlink()]
+    except OSError:  # (no cache yet, or not readable: nothing of it can be listed)
+        return []
+    for folder in folders:
+        try:
+            used = folder.stat().st_mtime
+        except OSError:
+            continue  # (removed meanwhile)
+        size = sum(_size(f) for f in _own_files(folder))
+        match = _FOLDER.match(folder.name)
+        assert match is not None
+        found.append(CacheEntry(folder, match["source"], size, used))
+    return sorted(found, key=lambda e: (e.last_used, e.folder.name))
+
+
+def prune(root: Path, *, max_total: int | None = None, older_than_s: float | None = None,
+          everything: bool = False, keep: Path | None = None, dry_run: bool = False
+          ) -> list[CacheEntry]:
+    """Remove the cached traces under ``root``: all of them (``everything``), those unused
+    for ``older_than_s`` seconds, then the least recently used until the rest take at most
+    ``max_total`` bytes; never the folder ``keep`` (the one an analysis is using). Only
+    nsysan's files are removed (module docstring). Returns the entries removed (with
+    ``dry_run``: that would be), least recently used first."""
+    now = time.time()
+    cached = entries(root)
+    total = sum(e.bytes for e in cached)
+    chosen = []
+    for entry in (e for e in cached if e.folder != keep):
+        old = older_than_s is not None and now - entry.last_used > older_than_s
+        if everything or old or (max_total is not None and total > max_total):
+            chosen.append(entry)
+            total -= entry.bytes
+    if not dry_run:
+        for entry in chosen:
+            _remove(entry.folder, now)
+    return chosen
+
+
+def keep_bounded(folder: Path) -> None:
+    """Mark ``folder`` (a trace's cache folder an analysis is opening) as used now, and keep the
+    cache it is in within `max_bytes` by removing the least recently used other traces
+    first. The folder itself may take the cache over the bound until another one is used."""
+    limit = max_bytes()
+    with contextlib.suppress(OSError):  # (not there yet: writing its files marks it)
+        os.utime(folder)
+    if limit is not None:
+        prune(folder.parent, max_total=limit, keep=folder)
+
+
+def _own_files(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if OWN_FILES.match(p.name) and p.is_file()
+                and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _remove(folder: Path, now: float) -> None:
+    for path in _own_files(folder):
+        try:
+            if path.suffix == ".tmp" and now - path.stat().st_mtime < TEMPORARY_AGE_S:
+                continue  # (a write in progress)
+            path.unlink()
+        except OSError:
+            pass  # (removed by another analysis, or not ours to remove)
+    with contextlib.suppress(OSError):  # (only when nothing else is left in it)
+        folder.rmdir()

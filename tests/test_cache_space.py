@@ -1,0 +1,162 @@
+"""The frame cache's disk space (`nsysan.load.cache_space`, ``nsysan cache list|prune``):
+what it lists, what it removes (only nsysan's files, least recently used first, never the
+trace in use) and the bound every analysis keeps it to (``$NSYSAN_CACHE_MAX``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import REPO_ROOT
+from polars.testing import assert_frame_equal
+
+from nsysan.cli import cli
+from nsysan.errors import ConfigError
+from nsysan.load import cache, open_trace
+from nsysan.load.cache_space import entries, parse_size, prune
+
+DDP = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+LAYERS = REPO_ROOT / "fixtures" / "example_layers.sqlite"
+DAY = 86400.0
+
+
+@pytest.fixture(autouse=True)
+def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    monkeypatch.delenv("NSYSAN_CACHE_MAX", raising=False)
+
+
+def _cache(trace: Path, cache_dir: Path) -> Path:
+    """Cache ``trace``'s gpu_ops and nvtx under ``cache_dir``; its folder."""
+    t = open_trace(trace, cache_dir=cache_dir, frame_cache=True)
+    t.frame("gpu_ops"), t.frame("nvtx")
+    cache.flush()
+    return cache.folder_for(trace, cache_dir)
+
+
+def _aged(folder: Path, days: float) -> None:
+    when = time.time() - days * DAY
+    os.utime(folder, (when, when))
+
+
+def _files_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["cache", *args])
+    return result.exit_code, result.output
+
+
+def test_list_names_each_cached_trace_least_recently_used_first(tmp_path: Path) -> None:
+    code, out = _run("list", "--cache-dir", str(tmp_path))
+    assert code == 0 and out.startswith("0 cached trace(s), 0 B")
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    _aged(ddp, 3), _aged(layers, 1)
+    found = entries(tmp_path / "frames")
+    assert [e.folder for e in found] == [ddp, layers]
+    assert [e.bytes for e in found] == [_files_bytes(ddp), _files_bytes(layers)]
+    assert found[0].source_name == "example_ddp.sqlite"
+    code, out = _run("list", "--cache-dir", str(tmp_path))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3
+    assert "example_ddp.sqlite" in lines[0] and "example_layers.sqlite" in lines[1]
+    assert lines[2].startswith("2 cached trace(s)") and "bound 20.00 GiB" in lines[2]
+    code, out = _run("list", "--cache-dir", str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert doc["bytes"] == sum(e.bytes for e in found)
+    assert [t["source"] for t in doc["traces"]] == ["example_ddp.sqlite", "example_layers.sqlite"]
+
+
+def test_prune_removes_the_least_recently_used_first(tmp_path: Path) -> None:
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    _aged(ddp, 3), _aged(layers, 1)
+    code, out = _run("prune", "--cache-dir", str(tmp_path), "--max-size",
+                     str(_files_bytes(layers)), "--dry-run")
+    assert code == 0 and "would remove 1 trace(s)" in out and ddp.is_dir()
+    code, out = _run("prune", "--cache-dir", str(tmp_path), "--max-size",
+                     str(_files_bytes(layers)))
+    assert code == 0 and "removed 1 trace(s)" in out and "example_ddp.sqlite" in out
+    assert not ddp.exists() and layers.is_dir()
+    # used again: served from the cache, its folder marked as used now
+    before = layers.stat().st_mtime
+    _cache(LAYERS, tmp_path)
+    assert layers.stat().st_mtime > before
+
+
+def test_prune_by_age_and_all(tmp_path: Path) -> None:
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    _aged(ddp, 10), _aged(layers, 2)
+    assert [e.folder for e in prune(tmp_path / "frames", older_than_s=5 * DAY)] == [ddp]
+    assert layers.is_dir()
+    code, out = _run("prune", "--cache-dir", str(tmp_path), "--all")
+    assert code == 0 and "removed 1 trace(s)" in out and "0 left, 0 B" in out
+    assert not layers.exists()
+
+
+def test_prune_removes_only_what_nsysan_wrote(tmp_path: Path) -> None:
+    ddp = _cache(DDP, tmp_path)
+    root = tmp_path / "frames"
+    (root / "README.txt").write_text("mine")  # a file of the user's beside the folders
+    (root / "notes.0123456789abcdef01234567").mkdir()  # named like a cache folder, not one
+    (root / "notes.0123456789abcdef01234567" / "x.txt").write_text("mine")
+    layers = _cache(LAYERS, tmp_path)
+    (layers / "keep.txt").write_text("mine")  # a file of the user's inside a cache folder
+    young = ddp / f".gpu_ops.{'a' * 32}.tmp"  # a write in progress: never removed
+    young.write_bytes(b"x")
+    old = ddp / f".nvtx.{'b' * 32}.tmp"  # left by a killed analysis long ago
+    old.write_bytes(b"x")
+    _aged(old, 2)
+    prune(root, everything=True)
+    assert sorted(p.name for p in ddp.iterdir()) == [young.name]
+    assert [p.name for p in layers.iterdir()] == ["keep.txt"]
+    assert (root / "README.txt").read_text() == "mine"
+    assert (root / "notes.0123456789abcdef01234567" / "x.txt").read_text() == "mine"
+
+
+def test_a_frame_in_use_stays_readable_when_its_files_are_pruned(tmp_path: Path) -> None:
+    trace = open_trace(DDP, cache_dir=tmp_path, frame_cache=True)
+    frame = trace.frame("gpu_ops")  # mapped from the cache's files
+    cache.flush()
+    prune(tmp_path / "frames", everything=True)
+    assert not list((tmp_path / "frames").rglob("*.arrow"))
+    assert_frame_equal(frame, open_trace(DDP, frame_cache=False).frame("gpu_ops"))
+
+
+def test_an_analysis_keeps_the_cache_within_its_bound(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ddp = _cache(DDP, tmp_path)
+    _aged(ddp, 1)
+    monkeypatch.setenv("NSYSAN_CACHE_MAX", "1")  # one byte: no other trace may stay
+    layers = _cache(LAYERS, tmp_path)
+    assert not ddp.exists()
+    assert layers.is_dir() and _files_bytes(layers) > 1  # the trace in use is never removed
+    kept = (layers / "gpu_ops.arrow").stat().st_ino
+    _cache(LAYERS, tmp_path)  # opened again over the bound: served from its own files
+    assert (layers / "gpu_ops.arrow").stat().st_ino == kept
+    monkeypatch.setenv("NSYSAN_CACHE_MAX", "none")
+    _cache(DDP, tmp_path)
+    assert ddp.is_dir() and layers.is_dir()
+
+
+@pytest.mark.parametrize("text, value", [
+    ("20G", 20 << 30), ("1.5GB", 3 << 29), ("512 MiB", 512 << 20), ("4096", 4096),
+    ("none", None), (" 7k ", 7 << 10)])
+def test_sizes(text: str, value: int | None) -> None:
+    assert parse_size(text) == value
+
+
+def test_bad_bounds_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for args, what in ((["--max-size", "lots"], "--max-size is 'lots'"),
+                       (["--older-than", "-1"], "--older-than is -1 days")):
+        code, out = _run("prune", "--cache-dir", str(tmp_path), *args)
+        assert code == 1 and out.startswith(f"Error: {what}") and len(out.splitlines()) == 1
+    monkeypatch.setenv("NSYSAN_CACHE_MAX", "20 gigs")
+    with pytest.raises(ConfigError, match="NSYSAN_CACHE_MAX is '20 gigs'"):
+        open_trace(DDP, cache_dir=tmp_path, frame_cache=True)
+    code, out = _run("list", "--cache-dir", str(tmp_path))
+    assert code == 1 and out.startswith("Error: NSYSAN_CACHE_MAX is '20 gigs'")
