@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -358,3 +360,15 @@ def test_a_frame_that_does_not_read_back_is_kept_as_built(tmp_path: Path,
     assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
                 and p.name.startswith(".")]
     assert not list((tmp_path / "frames").rglob("gpu_ops*"))
+
+
+def test_an_analysis_without_the_cache_does_not_import_pyarrow(tmp_path: Path) -> None:
+    # pyarrow (~20 ms and ~26 MB to import) is for the cache's files and the bulk reads of big
+    # tables: a small trace's analysis does without it
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    code = ("import sys, nsysan; nsysan.analyze(sys.argv[1]); "
+            "print('pyarrow' in sys.modules)")
+    env = {**os.environ, "NSYSAN_NO_CACHE": "1", "NSYSAN_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code, str(src)], env=env, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

@@ -31,13 +31,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
 
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.trace import TRACE_ID, TraceMeta
@@ -120,9 +120,10 @@ def cached_loader(
                 _check_schema(df, frame)
                 added = json.loads(notes.read_text())
                 texts, quality = list(added["notes"]), dict(added["quality"])
-            except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError,
-                    pl.exceptions.PanicException, pa.ArrowException):
-                pass  # damaged or concurrently replaced: rebuild below
+            except BaseException as exc:
+                if not _cache_failure(exc):
+                    raise
+                # damaged or concurrently replaced: rebuild below
             else:
                 for text in texts:
                     if text not in meta.notes:
@@ -152,6 +153,19 @@ def _with_trace_id(df: pl.DataFrame, trace_id: str) -> pl.DataFrame:
     df = df.drop(TRACE_ID, strict=False)
     df.insert_column(0, pl.lit(trace_id, dtype=pl.String).alias(TRACE_ID))
     return df
+
+
+def _cache_failure(exc: BaseException) -> bool:
+    """``exc`` is a cache file that cannot be written or read back as a frame (damaged,
+    malformed, replaced meanwhile, a full disk; polars' panics on such a file included),
+    which costs only speed; not an interruption or an error of the frame's build."""
+    kinds: tuple[type[BaseException], ...] = (
+        OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError,
+        pl.exceptions.PanicException)
+    arrow = sys.modules.get("pyarrow")  # (imported by `frame_file` when it reads or writes)
+    if arrow is not None:
+        kinds += (arrow.ArrowException,)
+    return isinstance(exc, kinds)
 
 
 #: a cached frame's files: its data, its dictionary columns' values, its loading notes
@@ -193,8 +207,9 @@ def _written_and_mapped(df: pl.DataFrame, folder: Path, frame: str, added: dict
             tmp.unlink(missing_ok=True)
             tmp_values.unlink(missing_ok=True)
             raise
-    except (OSError, ValueError, pl.exceptions.PolarsError, pl.exceptions.PanicException,
-            pa.ArrowException):
+    except BaseException as exc:
+        if not _cache_failure(exc):
+            raise
         return None
     # `flush` waits for the commit, and so does interpreter exit (executor threads are
     # joined at shutdown); a temporary file unlinked on failure stays readable while mapped

@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
 #: the data file's schema metadata key of the token that pairs it with its values file
 TOKEN_KEY = b"nsysan.token"
@@ -86,6 +84,9 @@ def write_frame(df: pl.DataFrame, path: Path, values_path: Path, *, durable: boo
         else:
             columns.append(column)
     pl.DataFrame(values).write_ipc(values_path)
+    import pyarrow as pa  # (here: an analysis without the cache never needs pyarrow)
+    import pyarrow.ipc as ipc
+
     table = pl.DataFrame(columns, height=df.height).to_arrow()
     coded = [c.name for c in df.get_columns() if _coded(c.dtype)]
     table = table.replace_schema_metadata({TOKEN_KEY: values[TOKEN_COLUMN][0].encode(),
@@ -114,6 +115,9 @@ def read_frame(path: Path, values_path: Path) -> pl.DataFrame:
     read (the columns are mapped one at a time, so they could mix two files). The caller
     checks the dtypes against what it expects: a damaged Enum label reads as another Enum.
     """
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     before = file_identity(path)
     with pa.memory_map(str(path)) as source:
         schema = ipc.open_file(source).schema
