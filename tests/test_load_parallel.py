@@ -11,9 +11,9 @@ import pytest
 from conftest import make_nsys_sqlite
 
 from nsysan.errors import TraceFormatError
-from nsysan.frames import schemas
+from nsysan.frames import order, schemas
 from nsysan.frames.trace import Trace, TraceMeta
-from nsysan.load import adapters, open_trace
+from nsysan.load import open_trace
 from nsysan.load import sqlite as sqlite_source
 from nsysan.load.sqlite import SqliteSource
 
@@ -80,11 +80,11 @@ def test_text_the_bulk_path_cannot_take_goes_the_row_path(
 def test_sort_by_time_handles_ties_with_decreasing_ends() -> None:
     df = pl.DataFrame({"start_ns": [5, 1, 5, 5, 0], "end_ns": [9, 2, 7, 9, 1],
                        "row": [0, 1, 2, 3, 4]})
-    out = adapters.sort_by_time(df)
+    out = order.sort_by_time(df)
     assert out.equals(df.sort("start_ns", "end_ns", maintain_order=True))
     assert out["row"].to_list() == [4, 1, 2, 0, 3]
     ordered = df.filter(pl.col("row") != 2)
-    assert adapters.sort_by_time(ordered).equals(
+    assert order.sort_by_time(ordered).equals(
         ordered.sort("start_ns", "end_ns", maintain_order=True))
 
 
@@ -108,9 +108,9 @@ def test_sort_by_time_in_place_equals_a_sort_then_tie_break(seed: int) -> None:
     cut = int(rng.integers(1, n))
     chunked = pl.concat([df[:cut], df[cut:]], rechunk=False)
     expected = break_ties(df.sort("start", "end", maintain_order=True), ["start", "end"])
-    assert adapters.sort_by_time(chunked, "start", "end").equals(expected)
+    assert order.sort_by_time(chunked, "start", "end").equals(expected)
     own = chunked.clone()
-    assert adapters.sort_by_time_in_place(own, "start", "end").equals(expected)
+    assert order.sort_by_time_in_place(own, "start", "end").equals(expected)
     assert own.equals(expected)  # sorted in place ...
     assert chunked.equals(df)  # ... and only the frame given: its clone's source is as it was
 

@@ -42,7 +42,6 @@ import polars as pl
 
 from nsysan.errors import SchemaError
 from nsysan.frames import schemas, schemas_host
-from nsysan.frames.order import tie_order
 from nsysan.frames.trace import TraceMeta
 from nsysan.load.quality import FrameQuality, Session, clean_strings
 from nsysan.load.source import TableSource
@@ -204,57 +203,6 @@ def tid_of(col: str) -> pl.Expr:
 
 def global_pid_of(col: str) -> pl.Expr:
     return pl.col(col) & PROCESS_KEY_MASK
-
-
-def sort_by_time(df: pl.DataFrame, start: str = "start_ns", end: str = "end_ns") -> pl.DataFrame:
-    """``df`` sorted by (start, end), rows with the same start and end by every other column
-    (`nsysan.frames.order`): the order depends on the rows' content, never on the export's
-    physical row order."""
-    return df[time_order(df, start, end)]
-
-
-def sort_by_time_in_place(df: pl.DataFrame, start: str, end: str) -> pl.DataFrame:
-    """`sort_by_time` of a frame the caller owns (no other reference sees it change): each
-    column is replaced by its sorted copy in turn, so the sort holds one column twice, not
-    the frame (``gpu_ops`` of a 10M-kernel trace is ~2 GB of raw integer columns here). The
-    sorted ``start`` and ``end`` that ordering the rows computed go in as they are."""
-    for name in (start, end):  # one chunk first (the sort of chunks is 3x slower)
-        i = df.get_column_index(name)
-        if df.to_series(i).n_chunks() > 1:
-            df.replace_column(i, df.to_series(i).rechunk())
-    order, keys = _time_order(df, start, end)
-    for name in (start, end):
-        df.replace_column(df.get_column_index(name), keys.get_column(name))
-    del keys
-    for i, name in enumerate(df.columns):
-        if name not in (start, end):
-            # (a chunked column is made one chunk just before its gather, which is 2-4x
-            # faster from one: that copy is freed at once and the next column's reuses its
-            # memory; made for every column first, the copies' freed pages piled up while
-            # the allocator held them, +77 MB in the build of 1M kernels' gpu_ops)
-            df.replace_column(i, df.to_series(i).rechunk().gather(order))
-    return df
-
-
-def time_order(df: pl.DataFrame, start: str, end: str) -> pl.Series:
-    """The row numbers of ``df`` in `sort_by_time` order."""
-    return _time_order(df, start, end)[0]
-
-
-def _time_order(df: pl.DataFrame, start: str, end: str) -> tuple[pl.Series, pl.DataFrame]:
-    """`time_order`, and ``start``, ``end`` in that order (rows that tie are equal in both).
-
-    Sorting by start alone is cheaper (one key) and gives the same order whenever the rows that
-    share a start already have non-decreasing ends, which a vectorised check confirms; only
-    otherwise is the two-key sort needed."""
-    order = df.select(pl.arg_sort_by(start, maintain_order=True)).to_series()
-    keys = pl.DataFrame([df[start].gather(order), df[end].gather(order)])
-    s, e = keys[start], keys[end]
-    if ((s == s.shift(1)) & (e < e.shift(1))).any():
-        order = df.select(pl.arg_sort_by(start, end, maintain_order=True)).to_series()
-        keys = pl.DataFrame([df[start].gather(order), df[end].gather(order)])
-    del s, e
-    return tie_order(df, order, [start, end], keys), keys
 
 
 def missing_frames(tables: Mapping[str, int]) -> tuple[dict[str, str], list[str]]:

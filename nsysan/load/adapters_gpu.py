@@ -11,6 +11,7 @@ import polars as pl
 from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
 from nsysan.frames.conform import select_narrowed
+from nsysan.frames.order import sort_by_time_in_place
 from nsysan.load.adapters import (
     COMMON_COLUMNS,
     COPY_KINDS,
@@ -24,7 +25,6 @@ from nsysan.load.adapters import (
     enum_mapped,
     null_invalid_ids,
     pid_of,
-    sort_by_time_in_place,
 )
 from nsysan.load.quality import drop_duplicate_rows, drop_impossible
 

@@ -10,6 +10,7 @@ import polars as pl
 
 from nsysan.frames import schemas
 from nsysan.frames.conform import select_narrowed
+from nsysan.frames.order import sort_by_time, sort_by_time_in_place
 from nsysan.load.adapters import (
     API_CLASS_RULES,
     COMMON_COLUMNS,
@@ -24,8 +25,6 @@ from nsysan.load.adapters import (
     global_pid_of,
     null_invalid_ids,
     pid_of,
-    sort_by_time,
-    sort_by_time_in_place,
     tid_of,
 )
 from nsysan.load.quality import (
