@@ -18,7 +18,7 @@ from conftest import REPO_ROOT
 from polars.testing import assert_frame_equal
 
 from nsysan.frames import schemas
-from nsysan.load import cache, open_trace
+from nsysan.load import cache, frame_file, open_trace
 from nsysan.load.frame_file import TOKEN_COLUMN, VALUE_PREFIX, read_frame, write_frame
 from nsysan.load.sqlite import SqliteSource
 
@@ -317,23 +317,62 @@ def test_a_first_analysis_keeps_the_frames_it_cached_mapped(tmp_path: Path,
     assert_frame_equal(again, built)
 
 
-@pytest.mark.parametrize("step", ["flush", "rename"])
-def test_a_failed_commit_leaves_no_file_and_a_readable_frame(step: str, tmp_path: Path,
+def test_a_cached_frame_is_on_the_disk_before_it_is_mapped(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # pages the kernel failed to write back could later read as zeros from a mapping: the
+    # files are flushed first, so that such a failure is the write's (the test below)
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+    flushed: set[Path] = set()
+    mapped_after_flush: list[bool] = []
+    real_flush, real_read = frame_file.make_durable, cache.read_frame
+
+    def flush(*paths: Path) -> None:
+        real_flush(*paths)
+        flushed.update(paths)
+
+    def read(path: Path, values_path: Path) -> pl.DataFrame:
+        mapped_after_flush.append(path in flushed and values_path in flushed)
+        return real_read(path, values_path)
+
+    monkeypatch.setattr(frame_file, "make_durable", flush)
+    monkeypatch.setattr(cache, "read_frame", read)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()
+    assert mapped_after_flush == [True]
+
+
+def test_a_failed_flush_keeps_the_frame_as_built(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+
+    def failing(*paths: Path) -> None:
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(frame_file, "make_durable", failing)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()  # raises nothing
+    assert not any(str(tmp_path) in m for m in _mapped_files())  # the frame as built
+    assert_frame_equal(frame, open_trace(src, frame_cache=False).frame("gpu_ops"))
+    assert not [p for p in (tmp_path / "frames").rglob("*") if p.is_file()
+                and p.name.startswith(".")]
+    assert not list((tmp_path / "frames").rglob("gpu_ops*"))
+
+
+def test_a_failed_commit_leaves_no_file_and_a_readable_frame(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
-    if step == "flush":
-        def failing(*paths: Path) -> None:
-            raise OSError("I/O error")
-        monkeypatch.setattr(cache, "make_durable", failing)
-    else:
-        real = os.replace
+    real = os.replace
 
-        def failing_rename(a: object, b: object) -> None:
-            if str(b).endswith("gpu_ops.arrow"):
-                raise OSError("no space left")
-            real(a, b)  # type: ignore[arg-type]
-        monkeypatch.setattr(cache.os, "replace", failing_rename)
+    def failing_rename(a: object, b: object) -> None:
+        if str(b).endswith("gpu_ops.arrow"):
+            raise OSError("no space left")
+        real(a, b)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cache.os, "replace", failing_rename)
     src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
     frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
     cache.flush()  # raises nothing
@@ -342,6 +381,52 @@ def test_a_failed_commit_leaves_no_file_and_a_readable_frame(step: str, tmp_path
     assert not list((tmp_path / "frames").rglob("gpu_ops.arrow"))
     # the kept frame maps a file that is now unlinked: still whole
     assert_frame_equal(frame, open_trace(src, frame_cache=False).frame("gpu_ops"))
+
+
+def _undeletable_temporaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temporary cache files cannot be removed (a read-only or append-only cache dir)."""
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name.endswith(".tmp"):
+            raise PermissionError(1, "Operation not permitted", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+
+
+def test_a_commit_that_cannot_clean_up_raises_nothing(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the analysis has its frame: a cache dir that refuses both the rename and the removal
+    # of the temporary files costs speed, never the analysis (nor its exit status)
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+
+    def failing_rename(a: object, b: object) -> None:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(cache.os, "replace", failing_rename)
+    _undeletable_temporaries(monkeypatch)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    frame = open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
+    cache.flush()  # raises nothing
+    assert_frame_equal(frame, open_trace(src, frame_cache=False).frame("gpu_ops"))
+
+
+def test_an_interrupted_write_is_not_taken_for_a_cache_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the temporary files' removal failing must not replace the interruption by an OSError,
+    # which the cache would swallow as its own failure
+    monkeypatch.delenv("NSYSAN_NO_CACHE", raising=False)
+
+    def interrupted(df: pl.DataFrame, path: Path, values_path: Path) -> None:
+        path.write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "write_frame", interrupted)
+    _undeletable_temporaries(monkeypatch)
+    src = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    with pytest.raises(KeyboardInterrupt):
+        open_trace(src, cache_dir=tmp_path, frame_cache=True).frame("gpu_ops")
 
 
 def test_a_frame_that_does_not_read_back_is_kept_as_built(tmp_path: Path,

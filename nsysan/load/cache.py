@@ -28,6 +28,7 @@ mapped copy, not the frame it built (`_written_and_mapped`). Its disk space is b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ import polars as pl
 
 from nsysan.frames import schemas, schemas_host
 from nsysan.frames.trace import TRACE_ID, TraceMeta
-from nsysan.load.frame_file import file_identity, make_durable, read_frame, write_frame
+from nsysan.load.frame_file import file_identity, read_frame, write_frame
 
 MIN_BYTES = 64 << 20
 #: bumped whenever a frame's content or the cache layout changes within one nsysan version (part
@@ -186,26 +187,29 @@ def _check_schema(df: pl.DataFrame, frame: str) -> None:
 
 def _written_and_mapped(df: pl.DataFrame, folder: Path, frame: str, added: dict
                         ) -> pl.DataFrame | None:
-    """``df`` written to temporary files in ``folder`` and read back from them, mapped: the
-    frame the analysis keeps (None when they cannot be written or read back). A background
-    thread then flushes them to the disk and renames them into place (`_commit`).
+    """``df`` written to temporary files in ``folder``, flushed to the disk, and read back
+    from them, mapped: the frame the analysis keeps (None when they cannot be written,
+    flushed or read back). A background thread then renames them into place (`_commit`).
 
     Why the analysis keeps the mapped copy, not the frame it built: the built frame's
     memory is the process's own until the frame is released, while a mapped column is
     resident only where it is read (a pass reads a few columns of a frame), and its pages
     are the page cache's, which the kernel may reclaim and read again. A first analysis
-    then holds what a repeat analysis from the cache holds (bench/RESULTS.md). The write
-    (no flush) costs a copy into the page cache: ~0.1 s for 1M kernels' gpu_ops."""
+    then holds what a repeat analysis from the cache holds (bench/RESULTS.md).
+
+    Why flushed before it is mapped: pages the kernel failed to write back (an I/O error,
+    no space on a thinly provisioned disk) may later be read again from the disk as zeros;
+    flushed first, such a failure is the write's, and the analysis keeps the frame it
+    built. The flush costs nothing measurable on 1M kernels (bench/RESULTS.md)."""
     tmp, tmp_values = (folder / f".{frame}.{uuid.uuid4().hex}.tmp" for _ in range(2))
     try:
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            write_frame(df, tmp, tmp_values, durable=False)
+            write_frame(df, tmp, tmp_values)
             mapped = read_frame(tmp, tmp_values)
             _check_schema(mapped, frame)
         except BaseException:
-            tmp.unlink(missing_ok=True)
-            tmp_values.unlink(missing_ok=True)
+            _remove_quietly(tmp, tmp_values)  # (the failure to report is the write's)
             raise
     except BaseException as exc:
         if not _cache_failure(exc):
@@ -213,26 +217,35 @@ def _written_and_mapped(df: pl.DataFrame, folder: Path, frame: str, added: dict
         return None
     # `flush` waits for the commit, and so does interpreter exit (executor threads are
     # joined at shutdown); a temporary file unlinked on failure stays readable while mapped
+    # (and, flushed, whole)
     _pending[:] = [f for f in _pending if not f.done()]
     _pending.append(_writer().submit(_commit, tmp, tmp_values, folder, frame, added))
     return mapped
 
 
 def _commit(tmp: Path, tmp_values: Path, folder: Path, frame: str, added: dict) -> None:
-    """Put the files `_written_and_mapped` wrote in place, flushed to the disk first, with
-    the frame's notes; on failure remove them (a later analysis builds the frame again)."""
+    """Put the files `_written_and_mapped` wrote (and flushed) in place, with the frame's
+    notes; on failure remove them (a later analysis builds the frame again). Raises nothing:
+    the analysis already has its frame, and a cache that cannot be written or cleaned (a
+    full, read-only or vanished cache dir) only costs speed."""
     data, values, notes = (folder / f"{frame}{suffix}" for suffix in _FILES)
     tmp_notes = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
     try:
-        make_durable(tmp_values, tmp)
         os.replace(tmp_values, values)
         os.replace(tmp, data)
         tmp_notes.write_text(json.dumps(added))
         os.replace(tmp_notes, notes)
     except OSError:
-        pass  # a full or vanished cache dir only costs speed
+        pass
     finally:
-        for path in (tmp, tmp_values, tmp_notes):
+        _remove_quietly(tmp, tmp_values, tmp_notes)
+
+
+def _remove_quietly(*paths: Path) -> None:
+    """Remove ``paths`` where they still exist; a file that cannot be removed stays (nsysan
+    removes it later, `nsysan.load.cache_space`, once it is an hour old)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
 
 

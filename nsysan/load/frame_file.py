@@ -66,14 +66,12 @@ def _encode(column: pl.Series) -> tuple[pl.Series, pl.Series]:
     return lookup.gather(column.to_physical().cast(pl.UInt32)), values
 
 
-def write_frame(df: pl.DataFrame, path: Path, values_path: Path, *, durable: bool = True
-                ) -> None:
+def write_frame(df: pl.DataFrame, path: Path, values_path: Path) -> None:
     """Write ``df`` to ``path`` as an uncompressed Arrow IPC file of one record batch per
     chunk (one, for a contiguous frame), dictionary columns as codes into their distinct
     values, which go to ``values_path`` (written first): a small IPC file of one row, a list
-    per column, with the token that pairs the two files. With ``durable``, both are flushed
-    to the disk (`make_durable`) before it returns; without, the caller must flush them
-    before it renames them into place."""
+    per column, with the token that pairs the two files. Both are flushed to the disk
+    (`make_durable`) before it returns."""
     columns: list[pl.Series] = []
     values: dict[str, list[Any]] = {TOKEN_COLUMN: [uuid.uuid4().hex]}
     for column in df.get_columns():
@@ -93,14 +91,14 @@ def write_frame(df: pl.DataFrame, path: Path, values_path: Path, *, durable: boo
                                            CODED_KEY: json.dumps(coded).encode()})
     with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(df.height, 1))
-    if durable:
-        make_durable(values_path, path)
+    make_durable(values_path, path)
 
 
 def make_durable(*paths: Path) -> None:
     """Flush the files ``paths`` to the disk (``fsync``): a mapped file is read without
-    decoding, so blocks lost in a system crash would read as wrong values, not as an error;
-    a cache file is renamed into place only once it is on the disk."""
+    decoding, so blocks lost in a system crash, or pages the kernel failed to write back,
+    would read as wrong values, not as an error: a cache file is mapped or renamed into
+    place only once it is on the disk."""
     for path in paths:
         with open(path, "rb+") as written:
             os.fsync(written.fileno())
