@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def prune_cmd(cache_dir: Path | None, max_size: str | None, older_than: float | 
     from nsysan.load.cache import cache_root
     from nsysan.load.cache_space import entries, max_bytes, parse_size, prune
 
-    if older_than is not None and older_than < 0:
+    if older_than is not None and not 0 <= older_than < math.inf:
         raise ConfigError(f"--older-than is {older_than:g} days; give 0 or more")
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     if max_size is None and older_than is None and not everything:

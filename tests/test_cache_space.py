@@ -118,6 +118,32 @@ def test_prune_removes_only_what_nsysan_wrote(tmp_path: Path) -> None:
     assert (root / "notes.0123456789abcdef01234567" / "x.txt").read_text() == "mine"
 
 
+def test_prune_removes_every_file_nsysan_writes_and_only_those(tmp_path: Path) -> None:
+    folder = _cache(DDP, tmp_path)
+    ours = [f".source.sha256.json.{'c' * 32}.tmp",  # a digest's write, left long ago
+            f".source.tables.json.{'d' * 32}.tmp", f".nvtx.{'e' * 32}.tmp",
+            "gpu_ops.parquet", "nvtx.parquet"]  # frames of a cache revision before 13
+    theirs = ["mydata.arrow", "gpu_ops.arrow\n", "gpu_ops.arrow.bak", f".mine.{'f' * 32}.tmp"]
+    for name in ours + theirs:
+        (folder / name).write_bytes(b"x")
+        _aged(folder / name, 2)
+    prune(tmp_path / "frames", everything=True)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(theirs)
+
+
+def test_prune_follows_no_link_out_of_the_cache(tmp_path: Path) -> None:
+    # a cache folder replaced by a link after it was listed: removal does not follow it
+    from nsysan.load import cache_space
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "gpu_ops.arrow").write_bytes(b"the user's")
+    link = tmp_path / f"x.sqlite.{'0' * 24}"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    cache_space._remove(link, time.time())
+    assert (elsewhere / "gpu_ops.arrow").read_bytes() == b"the user's"
+
+
 def test_a_frame_in_use_stays_readable_when_its_files_are_pruned(tmp_path: Path) -> None:
     trace = open_trace(DDP, cache_dir=tmp_path, frame_cache=True)
     frame = trace.frame("gpu_ops")  # mapped from the cache's files
@@ -145,14 +171,23 @@ def test_an_analysis_keeps_the_cache_within_its_bound(tmp_path: Path,
 
 @pytest.mark.parametrize("text, value", [
     ("20G", 20 << 30), ("1.5GB", 3 << 29), ("512 MiB", 512 << 20), ("4096", 4096),
-    ("none", None), (" 7k ", 7 << 10)])
+    ("none", None), (" 7k ", 7 << 10), ("20GiB", 20 << 30), ("0", 0), ("3B", 3),
+    ("123456789012345678901", 123456789012345678901),  # exact, where a float rounds
+    ("9" * 40 + "T", int("9" * 40) << 40)])
 def test_sizes(text: str, value: int | None) -> None:
     assert parse_size(text) == value
 
 
+@pytest.mark.parametrize("text", ["20iB", "noneb", "-1", "1e9", "G", "1.5.G", "20 gigs", ""])
+def test_not_sizes(text: str) -> None:
+    with pytest.raises(ConfigError, match="not a size"):
+        parse_size(text)
+
+
 def test_bad_bounds_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for args, what in ((["--max-size", "lots"], "--max-size is 'lots'"),
-                       (["--older-than", "-1"], "--older-than is -1 days")):
+                       (["--older-than", "-1"], "--older-than is -1 days"),
+                       (["--older-than", "nan"], "--older-than is nan days")):
         code, out = _run("prune", "--cache-dir", str(tmp_path), *args)
         assert code == 1 and out.startswith(f"Error: {what}") and len(out.splitlines()) == 1
     monkeypatch.setenv("NSYSAN_CACHE_MAX", "20 gigs")

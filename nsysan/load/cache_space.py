@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from nsysan.errors import ConfigError
+from nsysan.frames import schemas, schemas_host
 
 #: the environment variable of the bound (a size: ``20G``, ``500M``, a number of bytes; or
 #: ``none`` for no bound)
@@ -37,14 +39,19 @@ DEFAULT_MAX_BYTES = 20 << 30
 #: a temporary file younger than this may be a write in progress: never removed
 TEMPORARY_AGE_S = 3600
 
-_FOLDER = re.compile(r"^(?P<source>.+)\.(?P<key>[0-9a-f]{24})$")
-#: the names of the files `nsysan.load.cache` writes in a trace's folder
+_FOLDER = re.compile(r"(?P<source>.+)\.(?P<key>[0-9a-f]{24})")
+#: the frames the cache keeps (their files are named after them)
+_FRAMES = "|".join(sorted({*schemas.CANONICAL, *schemas_host.HOST_EVIDENCE}))
+_SOURCE_FACTS = r"source\.(?:sha256|tables)\.json"
+#: the names of the files `nsysan.load.cache` writes in a trace's folder (``.parquet``: the
+#: frames of cache revisions before 13), matched whole (`re.fullmatch`)
 OWN_FILES = re.compile(
-    r"^(?:[a-z_]+\.(?:arrow|values\.arrow|notes\.json)"
-    r"|source\.(?:sha256|tables)\.json"
-    r"|\.[a-z_.]+\.[0-9a-f]{32}\.tmp)$"
+    rf"(?:{_FRAMES})\.(?:arrow|values\.arrow|parquet|notes\.json)"
+    rf"|{_SOURCE_FACTS}"
+    rf"|\.(?:{_FRAMES}|{_SOURCE_FACTS})\.[0-9a-f]{{32}}\.tmp"
 )
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])I?B?|B)?")
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,16 @@ class CacheEntry:
 def parse_size(text: str, what: str = MAX_ENV) -> int | None:
     """``text`` (``20G``, ``1.5GB``, ``500M``, ``4096``; ``none`` for no bound) in bytes, or
     None for no bound; `ConfigError` naming ``what`` otherwise."""
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    value = text.strip().upper()
     if value in ("NONE", "UNLIMITED"):
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)", value)
+    match = _SIZE.fullmatch(value)
     if not match:
         raise ConfigError(f"{what} is {text!r}, not a size: give bytes or a number with K, M, "
                           "G or T (e.g. 20G), or none for no bound")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    # (in integers: a float would round sizes above 2**53 and overflow on long digit strings)
+    whole, _, fraction = match.group(1).partition(".")
+    return int(whole + fraction) * _UNITS[match.group(2) or ""] // 10 ** len(fraction)
 
 
 def max_bytes() -> int | None:
@@ -83,7 +92,7 @@ def entries(root: Path) -> list[CacheEntry]:
     first (then by folder name: the order never depends on the directory's)."""
     found = []
     try:
-        folders = [p for p in root.iterdir() if _FOLDER.match(p.name) and p.is_dir()
+        folders = [p for p in root.iterdir() if _FOLDER.fullmatch(p.name) and p.is_dir()
                    and not p.is_symlink()]
     except OSError:  # (no cache yet, or not readable: nothing of it can be listed)
         return []
@@ -93,7 +102,7 @@ def entries(root: Path) -> list[CacheEntry]:
         except OSError:
             continue  # (removed meanwhile)
         size = sum(_size(f) for f in _own_files(folder))
-        match = _FOLDER.match(folder.name)
+        match = _FOLDER.fullmatch(folder.name)
         assert match is not None
         found.append(CacheEntry(folder, match["source"], size, used))
     return sorted(found, key=lambda e: (e.last_used, e.folder.name))
@@ -135,7 +144,7 @@ def keep_bounded(folder: Path) -> None:
 
 def _own_files(folder: Path) -> list[Path]:
     try:
-        return [p for p in folder.iterdir() if OWN_FILES.match(p.name) and p.is_file()
+        return [p for p in folder.iterdir() if OWN_FILES.fullmatch(p.name) and p.is_file()
                 and not p.is_symlink()]
     except OSError:
         return []
@@ -149,12 +158,26 @@ def _size(path: Path) -> int:
 
 
 def _remove(folder: Path, now: float) -> None:
-    for path in _own_files(folder):
-        try:
-            if path.suffix == ".tmp" and now - path.stat().st_mtime < TEMPORARY_AGE_S:
-                continue  # (a write in progress)
-            path.unlink()
-        except OSError:
-            pass  # (removed by another analysis, or not ours to remove)
+    # Through the folder's own descriptor, opened without following a link: a folder
+    # replaced by a link since it was listed is left alone, not followed out of the cache.
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # (removed meanwhile, or now a link)
+    try:
+        for name in os.listdir(fd):
+            if not OWN_FILES.fullmatch(name):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S:
+                    continue  # (a write in progress)
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass  # (removed by another analysis, or not ours to remove)
+    finally:
+        os.close(fd)
     with contextlib.suppress(OSError):  # (only when nothing else is left in it)
         folder.rmdir()
