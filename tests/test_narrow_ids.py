@@ -158,6 +158,18 @@ def test_select_narrowed_is_conform_of_the_select_made_a_column_at_a_time() -> N
                         pl.Schema({"pid": schemas.OS_ID}))
 
 
+def test_select_narrowed_casts_literals_and_refuses_unnamed_columns() -> None:
+    raw = pl.DataFrame({"a": [1, 2], "b": [10, 20]})
+    schema = pl.Schema({"x": pl.UInt32, "n": pl.UInt16, "k": pl.Int64})
+    exprs = {"x": "b", "n": pl.lit(None), "k": pl.lit(5)}
+    want = schemas.conform(raw.select(**exprs), schema)
+    got = select_narrowed(raw.clone(), exprs, schema)
+    assert got.schema == want.schema and got.equals(want)
+    # pl.first() would read the first column left, not the input's: refused, not wrong
+    with pytest.raises(ValueError, match="z must name the columns it reads"):
+        select_narrowed(raw.clone(), {"x": "b", "z": pl.first()}, schema)
+
+
 def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) -> None:
     # CUDA's limits: grid y/z up to 65535, blocks up to 1024 threads; Linux CPU numbers
     edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")

@@ -125,7 +125,9 @@ def select_narrowed(df: pl.DataFrame, exprs: dict[str, pl.Expr | str], schema: p
     column is narrowed as soon as it is made, and each input column is dropped after the
     last expression that reads it, so the build holds the raw frame and the narrow columns
     made so far; the `conform` that finishes the frame then casts nothing. Expressions of no
-    column (literals) are broadcast to the frame's height, as ``select`` does beside others.
+    column (literals) are broadcast to the frame's height, as ``select`` does beside others,
+    and cast to their declared dtype; every other expression must name the columns it reads
+    (``pl.first()`` or a regex would read what is left of ``df``: ValueError).
     """
     wanted = {name: pl.col(e) if isinstance(e, str) else e for name, e in exprs.items()}
     last_use: dict[str, str] = {}
@@ -135,7 +137,9 @@ def select_narrowed(df: pl.DataFrame, exprs: dict[str, pl.Expr | str], schema: p
     made: dict[str, pl.Series | pl.Expr] = {}
     for name, expr in wanted.items():
         if not expr.meta.root_names():
-            made[name] = expr
+            if not expr.meta.is_literal(allow_aliasing=True):  # (pl.first(), a regex...)
+                raise ValueError(f"select_narrowed: {name} must name the columns it reads")
+            made[name] = expr.cast(schema[name]) if name in schema else expr
             continue
         column = df.select(expr.alias(name))
         if name in schema:
