@@ -195,3 +195,11 @@ def test_bad_bounds_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.Monk
         open_trace(DDP, cache_dir=tmp_path, frame_cache=True)
     code, out = _run("list", "--cache-dir", str(tmp_path))
     assert code == 1 and out.startswith("Error: NSYSAN_CACHE_MAX is '20 gigs'")
+    # also for a trace too small to be cached (its first analysis, not the first big one),
+    # unless the cache is off
+    small = REPO_ROOT / "fixtures" / "example_ddp.sqlite"
+    with pytest.raises(ConfigError, match="NSYSAN_CACHE_MAX is '20 gigs'"):
+        open_trace(small, cache_dir=tmp_path)
+    assert open_trace(small, cache_dir=tmp_path, frame_cache=False).frame("gpu_ops").height
+    monkeypatch.setenv("NSYSAN_NO_CACHE", "1")
+    assert open_trace(small, cache_dir=tmp_path).frame("gpu_ops").height

@@ -62,8 +62,14 @@ _BLOCKS = 32
 
 
 def enabled(source_path: Path, source_format: str, frame_cache: bool | None) -> bool:
+    """Whether frames of this source are cached (module docstring, "When"). Unless the cache
+    is turned off, a ``$NSYSAN_CACHE_MAX`` that is not a size raises `ConfigError` whatever
+    the source's size: set wrong, it must fail the first analysis, not the first big one."""
     if frame_cache is False or os.environ.get("NSYSAN_NO_CACHE", "") not in ("", "0"):
         return False
+    from nsysan.load.cache_space import max_bytes
+
+    max_bytes()
     if source_format != "sqlite":
         return False  # a parquetdir export is already Parquet
     if frame_cache:
