@@ -131,6 +131,18 @@ def test_prune_removes_every_file_nsysan_writes_and_only_those(tmp_path: Path) -
     assert sorted(p.name for p in folder.iterdir()) == sorted(theirs)
 
 
+def test_every_frame_the_loader_builds_has_files_prune_knows() -> None:
+    # a new frame must not leave its cached files (and so its folder) behind
+    from nsysan.load.adapters import QUALITY_TABLES
+    from nsysan.load.cache import FRAME_FILES
+    from nsysan.load.cache_space import OWN_FILES
+
+    for frame in QUALITY_TABLES:
+        for suffix in FRAME_FILES:
+            assert OWN_FILES.fullmatch(frame + suffix), frame + suffix
+        assert OWN_FILES.fullmatch(f".{frame}.{'0' * 32}.tmp"), frame
+
+
 def test_prune_follows_no_link_out_of_the_cache(tmp_path: Path) -> None:
     # a cache folder replaced by a link after it was listed: removal does not follow it
     from nsysan.load import cache_space

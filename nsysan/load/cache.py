@@ -120,7 +120,7 @@ def cached_loader(
     meta.frame_cache = folder
 
     def load(frame: str) -> pl.DataFrame:
-        data, values, notes = (folder / f"{frame}{suffix}" for suffix in _FILES)
+        data, values, notes = (folder / f"{frame}{suffix}" for suffix in FRAME_FILES)
         if data.is_file() and values.is_file() and notes.is_file():
             try:
                 df = read_frame(data, values)
@@ -176,7 +176,7 @@ def _cache_failure(exc: BaseException) -> bool:
 
 
 #: a cached frame's files: its data, its dictionary columns' values, its loading notes
-_FILES = (".arrow", ".values.arrow", ".notes.json")
+FRAME_FILES = (".arrow", ".values.arrow", ".notes.json")
 
 
 def _check_schema(df: pl.DataFrame, frame: str) -> None:
@@ -234,7 +234,7 @@ def _commit(tmp: Path, tmp_values: Path, folder: Path, frame: str, added: dict) 
     notes; on failure remove them (a later analysis builds the frame again). Raises nothing:
     the analysis already has its frame, and a cache that cannot be written or cleaned (a
     full, read-only or vanished cache dir) only costs speed."""
-    data, values, notes = (folder / f"{frame}{suffix}" for suffix in _FILES)
+    data, values, notes = (folder / f"{frame}{suffix}" for suffix in FRAME_FILES)
     tmp_notes = folder / f".{frame}.{uuid.uuid4().hex}.tmp"
     try:
         os.replace(tmp_values, values)

@@ -25,11 +25,13 @@ import os
 import re
 import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nsysan.errors import ConfigError
 from nsysan.frames import schemas, schemas_host
+from nsysan.load.cache import COUNTS_FILE, DIGEST_FILE, FRAME_FILES
 
 #: the environment variable of the bound (a size: ``20G``, ``500M``, a number of bytes; or
 #: ``none`` for no bound)
@@ -40,13 +42,19 @@ DEFAULT_MAX_BYTES = 20 << 30
 TEMPORARY_AGE_S = 3600
 
 _FOLDER = re.compile(r"(?P<source>.+)\.(?P<key>[0-9a-f]{24})")
+
+
+def _either(names: Iterable[str]) -> str:
+    return "|".join(re.escape(n) for n in sorted(names))
+
+
 #: the frames the cache keeps (their files are named after them)
-_FRAMES = "|".join(sorted({*schemas.CANONICAL, *schemas_host.HOST_EVIDENCE}))
-_SOURCE_FACTS = r"source\.(?:sha256|tables)\.json"
+_FRAMES = _either({*schemas.CANONICAL, *schemas_host.HOST_EVIDENCE})
+_SOURCE_FACTS = _either((DIGEST_FILE, COUNTS_FILE))
 #: the names of the files `nsysan.load.cache` writes in a trace's folder (``.parquet``: the
-#: frames of cache revisions before 13), matched whole (`re.fullmatch`)
+#: frames of cache revisions before 13; ``.tmp``: its writes in progress), matched whole
 OWN_FILES = re.compile(
-    rf"(?:{_FRAMES})\.(?:arrow|values\.arrow|parquet|notes\.json)"
+    rf"(?:{_FRAMES})(?:{_either((*FRAME_FILES, '.parquet'))})"
     rf"|{_SOURCE_FACTS}"
     rf"|\.(?:{_FRAMES}|{_SOURCE_FACTS})\.[0-9a-f]{{32}}\.tmp"
 )
