@@ -128,3 +128,57 @@ def test_the_batch_buffers_refuse_a_batch_of_another_shape() -> None:
         buffers.append(pa.record_batch({"a": [1], "b": ["text"]}))
     with pytest.raises(sqlite_bulk.UnexpectedColumn):
         sqlite_bulk._Buffers(["s"], [pl.String()], 10)
+
+
+def _read_narrowed(path: Path, narrow: dict[str, pl.DataType]) -> pl.DataFrame:
+    source = SqliteSource(path)
+    try:
+        return source.read_narrowed("T", COLUMNS, narrow)
+    finally:
+        source.close()
+
+
+def test_columns_asked_narrow_come_narrow_while_their_values_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Values at the narrow type's bounds fit; NULLs stay NULL; a REAL column asked narrow
+    and a column not asked come as read."""
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 100)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    rows = [(None if i % 5 == 0 else i % 65536, 65535 - i, -(1 << 31) + i if i % 7 else None,
+             i / 4) for i in range(1000)]
+    path = _table(tmp_path / "t.sqlite", rows)
+    got = _read_narrowed(path, {"k": pl.UInt16(), "a": pl.UInt16(), "b": pl.Int32(),
+                                "x": pl.Int8()})
+    assert got.schema == pl.Schema({"k": pl.UInt16, "a": pl.UInt16, "b": pl.Int32,
+                                    "x": pl.Float64})
+    as_read, _, _ = _read(path, monkeypatch, bulk=False)
+    assert got.cast(as_read.schema).equals(as_read)
+    assert got["k"].null_count() == 200 and got["b"].null_count() == 143
+
+
+@pytest.mark.parametrize("late", [-1, 1 << 16, 1 << 40])
+def test_a_value_that_does_not_fit_widens_its_column_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: int
+) -> None:
+    """A value beyond the narrow type, however late it comes, gives the column as Int64 with
+    every value, of earlier batches too, exactly as read: nothing is ever cut."""
+    monkeypatch.setattr(sqlite_bulk, "BATCH_ROWS", 100)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    rows = _rows(1000)
+    rows[777] = (rows[777][0], late, rows[777][2], rows[777][3])
+    path = _table(tmp_path / "t.sqlite", rows)
+    got = _read_narrowed(path, {"a": pl.UInt16(), "k": pl.UInt16()})
+    as_read, _, _ = _read(path, monkeypatch, bulk=False)
+    assert got.schema["a"] == pl.Int64 and got["a"][777] == late
+    assert got.schema["k"] == pl.UInt16  # (another column stays narrow)
+    assert got.cast(as_read.schema).equals(as_read)
+
+
+def test_a_table_with_text_and_the_row_path_come_as_int64(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _table(tmp_path / "t.sqlite", _rows(300))
+    monkeypatch.setenv("NSYSAN_NO_ADBC", "1")
+    got = _read_narrowed(path, {"a": pl.UInt16()})
+    assert got.schema["a"] == pl.Int64

@@ -20,6 +20,7 @@ from nsysan.errors import TraceFormatError
 from nsysan.frames import schemas
 from nsysan.frames.conform import select_narrowed
 from nsysan.load import open_trace
+from nsysan.load import sqlite as sqlite_source
 from nsysan.load.adapters import COPY_KINDS
 from nsysan.passes.registry import registry
 from nsysan.testing._memory import CASES, memory_case
@@ -37,6 +38,18 @@ WITH_EVERYTHING = ("sc22-ddp-4gpu-nccl/4gpu_baseline.nsys-rep.nsys2022.4.2.sqlit
                    "sc23-vit-train-nvtx/4workers.nsys-rep.nsys2023.4.4.sqlite")
 
 
+@pytest.fixture(params=["row path", "bulk path"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test on both ways of reading a table: the small exports take the row path;
+    a big table is read in bulk, where the columns a frame copies come narrow as read
+    (`nsysan.load.sqlite_bulk`) and must give the same frames and the same errors."""
+    if request.param == "bulk path":
+        monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+        monkeypatch.delenv("NSYSAN_NO_ADBC", raising=False)
+    return request.param
+
+
+@pytest.mark.usefixtures("read_path")
 def test_frames_hold_cuda_ids_as_uint32_and_the_tables_as_int64(tmp_path: Path) -> None:
     trace = open_trace(EXAMPLE, trace_id="t", frame_cache=False)
     for frame, cols in (("gpu_ops", IDS), ("sync", IDS), ("cuda_api", ("correlation_id",)),
@@ -56,6 +69,7 @@ def test_frames_hold_cuda_ids_as_uint32_and_the_tables_as_int64(tmp_path: Path) 
                 assert df.schema == specs[name].tables[table], (path.name, table)
 
 
+@pytest.mark.usefixtures("read_path")
 @pytest.mark.parametrize(("table", "column", "frame_column", "value"), [
     (KERNEL, "streamId", "stream_id", 1 << 32),
     (KERNEL, "correlationId", "correlation_id", -1),
@@ -87,6 +101,7 @@ def _analyze_fails(broken: Path, out: Path) -> str:
     return lines[0]
 
 
+@pytest.mark.usefixtures("read_path")
 def test_every_id_cupti_writes_is_kept_exactly(tmp_path: Path) -> None:
     # ids of the upper half of 32 bits are legitimate CUPTI values (unsigned), not damage
     edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")
@@ -170,6 +185,7 @@ def test_select_narrowed_casts_literals_and_refuses_unnamed_columns() -> None:
         select_narrowed(raw.clone(), {"x": "b", "z": pl.first()}, schema)
 
 
+@pytest.mark.usefixtures("read_path")
 def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) -> None:
     # CUDA's limits: grid y/z up to 65535, blocks up to 1024 threads; Linux CPU numbers
     edge = copy_export(EXAMPLE, tmp_path / "t.sqlite")
@@ -185,6 +201,7 @@ def test_launch_dimensions_and_cpus_are_16_bit_and_kept_exactly(tmp_path: Path) 
         assert cpus.dtype == pl.Int16 and cpus.len() > 0, frame
 
 
+@pytest.mark.usefixtures("read_path")
 def test_a_cpu_number_beyond_16_bits_is_an_error(tmp_path: Path) -> None:
     broken = copy_export(HOST_FIXTURE, tmp_path / "in" / "h.sqlite")
     # (a switch-in: the frame's intervals carry the CPU their thread switched in on)
@@ -224,6 +241,7 @@ def test_copy_memory_and_thread_state_labels_are_one_byte_codes(tmp_path: Path) 
         assert running == n_running.fetchone()[0] == states.len()
 
 
+@pytest.mark.usefixtures("read_path")
 @pytest.mark.parametrize("kind", [-1, -2, -7])
 def test_a_negative_copy_kind_is_an_error(tmp_path: Path, kind: int) -> None:
     # CUPTI's copy kinds are 0 or more; nsysan keys the copies' labels below -1, so a
@@ -271,6 +289,7 @@ def test_a_damaged_vocabulary_is_rejected_without_filling_it(tmp_path: Path) -> 
     assert ": column thread_state holds 240 distinct labels" in line
 
 
+@pytest.mark.usefixtures("read_path")
 def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:
     # 0xFFFFFFFF (CUPTI_INVALID_ID) is an unsigned 32-bit "does not apply": null, not an error
     marked = copy_export(EXAMPLE, tmp_path / "t.sqlite")
@@ -282,3 +301,41 @@ def test_cuptis_not_applicable_marker_reads_as_null(tmp_path: Path) -> None:
     assert trace.cuda_api["correlation_id"].null_count() == 1
     assert trace.sync["correlation_id"].null_count() == 1
     assert nsysan.analyze(marked).table("kernels").height > 0
+
+
+def test_big_tables_give_the_columns_a_frame_copies_already_narrow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The memory of a big build (issue 21): read in bulk, the ids and sizes a frame copies
+    as they are arrive in the frame's own types, never as 64-bit copies."""
+    from nsysan.load.adapters import Adapter
+
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    monkeypatch.delenv("NSYSAN_NO_ADBC", raising=False)
+    read: dict[str, pl.Schema] = {}
+    orig = Adapter.read
+
+    def spy(self, table, *args, **kwargs):
+        got = orig(self, table, *args, **kwargs)
+        read[table] = got.schema
+        return got
+
+    monkeypatch.setattr(Adapter, "read", spy)
+    trace = open_trace(EXAMPLE, trace_id="t", frame_cache=False)
+    for frame in ("gpu_ops", "cuda_api", "sync"):
+        trace.frame(frame)
+    host = open_trace(HOST_FIXTURE, trace_id="h", frame_cache=False)
+    for frame in ("sched", "cpu_samples"):
+        host.frame(frame)
+    want = {
+        KERNEL: {"deviceId": pl.UInt32, "contextId": pl.UInt32, "streamId": pl.UInt32,
+                 "correlationId": pl.UInt32, "gridX": pl.Int32, "gridY": pl.UInt16,
+                 "blockZ": pl.UInt16, "start": pl.Int64, "shortName": pl.Int64},
+        RUNTIME: {"correlationId": pl.UInt32, "returnValue": pl.Int32, "nameId": pl.Int64},
+        SYNC: {"streamId": pl.UInt32, "correlationId": pl.UInt32, "syncType": pl.Int64},
+        "SCHED_EVENTS": {"cpu": pl.Int16, "globalTid": pl.Int64},
+        "COMPOSITE_EVENTS": {"cpu": pl.Int16, "threadState": pl.Int64},
+    }
+    for table, columns in want.items():
+        assert table in read, table
+        assert {c: read[table][c] for c in columns} == columns, table

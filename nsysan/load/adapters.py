@@ -271,12 +271,16 @@ class Adapter:
         required: list[str],
         optional: Mapping[str, pl.DataType] | None = None,
         defaulted: Mapping[str, pl.DataType] | None = None,
+        narrow: Mapping[str, pl.DataType] | None = None,
     ) -> pl.DataFrame:
         """``required`` columns (SchemaError when one is absent) plus the ``optional`` and
         ``defaulted`` ones the table has; those it lacks come back as typed nulls. Optional
         columns are absent from some nsys versions; defaulted ones nsys always writes, so
         their absence is counted (``column_defaulted``). Every column comes back with the
-        type the adapters expect (`_typed`)."""
+        type the adapters expect (`_typed`), except that an integer column of ``narrow`` may
+        come in the narrower type given there when all its values fit it
+        (`source.NarrowingSource`): only for columns the caller merely compares or copies
+        into a frame column of that type, never computes with."""
         optional = {**(optional or {}), **(defaulted or {})}
         have = set(self.source.columns(table))
         lacking = [c for c in required if c not in have]
@@ -286,7 +290,10 @@ class Adapter:
                 f"export is incomplete or from an unsupported exporter — re-export the report"
             )
         present = [c for c in optional if c in have]
-        df = self._typed(table, self.source.read(table, required + present), optional)
+        narrowing = getattr(self.source, "read_narrowed", None) if narrow else None
+        df = (narrowing(table, required + present, narrow) if narrowing is not None
+              else self.source.read(table, required + present))
+        df = self._typed(table, df, optional, narrow or {})
         issues = self._table_issues.setdefault(table, {})
         for c in defaulted or {}:
             if c not in have:
@@ -295,8 +302,8 @@ class Adapter:
             pl.lit(None, dtype=dtype).alias(c) for c, dtype in optional.items() if c not in have
         )
 
-    def _typed(self, table: str, df: pl.DataFrame, declared: Mapping[str, pl.DataType]
-               ) -> pl.DataFrame:
+    def _typed(self, table: str, df: pl.DataFrame, declared: Mapping[str, pl.DataType],
+               narrow: Mapping[str, pl.DataType]) -> pl.DataFrame:
         """``df`` with every column of the type the adapters expect (Int64, or String for
         `TEXT_COLUMNS`), whatever type the export declared: a column that holds only NULLs
         has no type in a Parquet file, and a third-party export can declare a timestamp
@@ -308,6 +315,8 @@ class Adapter:
         fixes = []
         for c, dtype in df.schema.items():
             want = declared.get(c) or (pl.String() if c in TEXT_COLUMNS else pl.Int64())
+            if dtype == narrow.get(c):  # (read narrow by the source: every value fits)
+                want = dtype
             counted = dict(source_issues.get(c, {}))
             if dtype != want:
                 fixes.append(_as_type(c, dtype, want))

@@ -35,6 +35,15 @@ _OP_INT_COLUMNS = (
     "shortName", "demangledName", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
     "graphNodeId", "bytes", "copyKind", "srcKind", "_dst",
 )
+#: gpu_ops columns that are a raw column copied as it is: read in the frame's narrow type
+#: (`Adapter.read`'s ``narrow``), since nothing before the final select computes with them
+_COPIED = dict(
+    device_id="deviceId", context_id="contextId", stream_id="streamId",
+    correlation_id="correlationId",
+    grid_x="gridX", grid_y="gridY", grid_z="gridZ",
+    block_x="blockX", block_y="blockY", block_z="blockZ",
+)
+_NARROW = {raw: schemas.GPU_OPS[out] for out, raw in _COPIED.items()}
 
 
 def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
@@ -93,10 +102,6 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         end_ns="end",
         global_pid="globalPid",
         pid=pid_of("globalPid"),
-        device_id="deviceId",
-        context_id="contextId",
-        stream_id="streamId",
-        correlation_id="correlationId",
         name=categorical(by_kind(pl.col("shortName"), copy_key), labels),
         demangled_name=categorical(by_kind(pl.col("demangledName"), copy_key), labels),
         copy_kind=categorical(pl.when(kind == 1).then(copy_key),
@@ -106,8 +111,7 @@ def build_gpu_ops(adapter: Adapter) -> pl.DataFrame | None:
         dst_kind=categorical(pl.col("_dst"), mem, mem_used, schemas.MEMORY_KIND, "dst_kind"),
         bytes="bytes",
         graph_node_id="graphNodeId",
-        grid_x="gridX", grid_y="gridY", grid_z="gridZ",
-        block_x="blockX", block_y="blockY", block_z="blockZ",
+        **_COPIED,
         # kernels 0 (nccl) or 1 (compute), memset -1, copies their kind's class, and an
         # unknown (or missing) copy kind memcpy_d2d
         op_class=enum_mapped(
@@ -156,6 +160,7 @@ def _kernels(adapter: Adapter) -> pl.DataFrame | None:
         [*COMMON_COLUMNS, "shortName"],
         {c: pl.Int64() for c in [*geometry, "graphNodeId"]},
         {**DEFAULTED_COLUMNS, "demangledName": pl.Int64()},
+        _NARROW,
     )
     # a minimal export without demangled names: the short name is the best one there is
     return df.with_columns(pl.coalesce("demangledName", "shortName").alias("demangledName"),
@@ -169,6 +174,7 @@ def _memcpys(adapter: Adapter) -> pl.DataFrame | None:
         [*COMMON_COLUMNS, "copyKind"],
         {"srcKind": pl.Int64(), "dstKind": pl.Int64(), "graphNodeId": pl.Int64()},
         {**DEFAULTED_COLUMNS, "bytes": pl.Int64()},
+        _NARROW,
     )
     return df.rename({"dstKind": "_dst"}).with_columns(_kind=pl.lit(1, pl.Int8))
 
@@ -178,5 +184,6 @@ def _memsets(adapter: Adapter) -> pl.DataFrame | None:
     df = adapter.read(
         MEMSET, [*COMMON_COLUMNS], {"memKind": pl.Int64(), "graphNodeId": pl.Int64()},
         {**DEFAULTED_COLUMNS, "bytes": pl.Int64()},
+        _NARROW,
     )
     return df.rename({"memKind": "_dst"}).with_columns(_kind=pl.lit(2, pl.Int8))

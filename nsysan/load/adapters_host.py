@@ -51,6 +51,9 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
         ["start", "end", "globalTid", "nameId"],
         {"eventClass": pl.Int64(), "returnValue": pl.Int64()},
         {"correlationId": pl.Int64()},
+        # copied into the frame as they are, or only compared (eventClass)
+        {"correlationId": schemas.CUDA_API["correlation_id"],
+         "returnValue": schemas.CUDA_API["return_value"], "eventClass": pl.UInt8()},
     )
     # Sort the integer rows first (fewer columns to move); then classify each distinct
     # name once (regexes on hundreds of names, not on every call) and map the results
@@ -107,12 +110,18 @@ def build_cuda_api(adapter: Adapter) -> pl.DataFrame | None:
     return adapter.finish(df, schemas.CUDA_API)
 
 
+#: sync columns copied as they are: read in the frame's types (`Adapter.read`'s ``narrow``)
+_SYNC_NARROW = {raw: schemas.SYNC[out] for raw, out in (
+    ("deviceId", "device_id"), ("contextId", "context_id"), ("streamId", "stream_id"),
+    ("correlationId", "correlation_id"))}
+
+
 def build_sync(adapter: Adapter) -> pl.DataFrame | None:
     if not adapter.has(SYNCHRONIZATION):
         return None
     quality = adapter.quality("sync")
     df = adapter.read(SYNCHRONIZATION, [*COMMON_COLUMNS], {"syncType": pl.Int64()},
-                      DEFAULTED_COLUMNS)
+                      DEFAULTED_COLUMNS, _SYNC_NARROW)
     df = null_invalid_ids(_clean(adapter, quality, adapter.default_process(df)))
     df = df.select(
         start_ns="start",

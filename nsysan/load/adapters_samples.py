@@ -133,7 +133,8 @@ def build_cpu_samples(adapter: Adapter) -> pl.DataFrame | None:
         return None
     quality = adapter.quality("cpu_samples")
     df = adapter.read(SAMPLES_TABLE, ["id", "start", "globalTid"],
-                      {"cpu": pl.Int64(), "threadState": pl.Int64()})
+                      {"cpu": pl.Int64(), "threadState": pl.Int64()},
+                      narrow={"cpu": schemas_host.CPU_SAMPLES["cpu"]})  # (copied as it is)
     valid = (pl.col("id").is_not_null() & pl.col("start").is_not_null()
              & pl.col("globalTid").is_not_null())
     dropped = df.height - int(df.select(valid.sum()).item()) if df.height else 0

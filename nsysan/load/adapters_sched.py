@@ -62,7 +62,8 @@ def build_sched(adapter: Adapter) -> pl.DataFrame | None:
         return None
     quality = adapter.quality("sched")
     df = adapter.read(SCHED_TABLE, ["start", "cpu", "isSchedIn", "globalTid"],
-                      {"threadState": pl.Int64()})
+                      {"threadState": pl.Int64()},
+                      narrow={"cpu": schemas_host.SCHED["cpu"]})  # (copied and sorted on)
     valid = pl.col("start").is_not_null() & pl.col("globalTid").is_not_null()
     dropped = df.height - int(df.select(valid.sum()).item()) if df.height else 0
     if dropped:

@@ -6,6 +6,7 @@ came in. Raw table and column names are nsys's own (``CUPTI_ACTIVITY_KIND_KERNEL
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,4 +79,17 @@ class FilteredSource(Protocol):
 
     def not_null(self, table: str) -> set[str]:
         """The columns of ``table`` the export guarantees to hold no NULL."""
+        ...
+
+
+class NarrowingSource(Protocol):
+    """A `TableSource` that can hand integer columns over in a narrower type than Int64, so
+    that a frame build does not hold 64-bit copies of ids its frame stores in 16 or 32 bits
+    (`nsysan.load.sqlite_bulk`: most of a big build's transient memory)."""
+
+    def read_narrowed(self, table: str, columns: list[str],
+                      narrow: Mapping[str, pl.DataType]) -> pl.DataFrame:
+        """`TableSource.read`, where each integer column of ``narrow`` may come in the
+        integer type given there instead of Int64 — only when every value fits it; the
+        source chooses (a column it does not narrow comes as Int64)."""
         ...

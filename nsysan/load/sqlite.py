@@ -223,6 +223,13 @@ class SqliteSource:
         """The given columns of ``table`` in row (rowid) order, dtypes from the declared types:
         INTEGER -> Int64, TEXT -> String, REAL -> Float64. A stored value that does not fit its
         declared type (SQLite allows that) becomes null rather than failing the whole read."""
+        return self.read_narrowed(table, columns, {})
+
+    def read_narrowed(self, table: str, columns: list[str],
+                      narrow: Mapping[str, pl.DataType]) -> pl.DataFrame:
+        """`read`, with each INTEGER column of ``narrow`` in the narrower integer type given
+        there when the table is read in bulk and all its values fit that type (Int64
+        otherwise): `nsysan.load.source.NarrowingSource`."""
         declared = dict(self._declared(table))
         if not declared:
             raise SchemaError(
@@ -238,7 +245,7 @@ class SqliteSource:
         dtypes = {c: declared_dtype(declared[c]) for c in columns}
         if not columns:
             return pl.DataFrame()
-        df = self._read_any(table, columns, dtypes)
+        df = self._read_any(table, columns, dtypes, narrow)
         cut = {}
         for c in columns:
             if dtypes[c] != pl.Int64():
@@ -348,10 +355,11 @@ class SqliteSource:
         return {c: dict(v) for c, v in self._issues.get(table, {}).items() if v}
 
     def _read_any(
-        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None],
+        narrow: Mapping[str, pl.DataType],
     ) -> pl.DataFrame:
         if self.rows_estimate(table) >= BULK_MIN_ROWS:
-            bulk = self._read_bulk(table, columns, dtypes)
+            bulk = self._read_bulk(table, columns, dtypes, narrow)
             if bulk is not None:
                 return bulk
         ints = [c for c in columns if dtypes[c] == pl.Int64()]
@@ -419,47 +427,24 @@ class SqliteSource:
         return chunks[0] if len(chunks) == 1 else pl.concat(chunks, how="vertical_relaxed")
 
     def _read_ints(self, table: str, columns: list[str]) -> pl.DataFrame | None:
-        """INTEGER columns of ``table`` as Int64 through ADBC, or None to take the row path.
-
-        Why: the row path builds one Python object per value (about 1 us each: 90% of loading
-        a 1M-kernel trace); ADBC's SQLite driver fills Arrow buffers in C, 4x faster (see
-        bench/RESULTS.md). It is used only where it cannot change a result: integer columns,
-        and any error — no driver installed, a value SQLite stored with another type (ADBC
-        then fails with "Type mismatch"), a first batch typed otherwise — falls back to the
-        row path, which turns such values into nulls.
-        """
+        """INTEGER columns of ``table`` as Int64 through ADBC (`sqlite_bulk.read_ints`), or
+        None to take the row path."""
         con = self._adbc_connection()
         if con is None:
             return None
-        from adbc_driver_manager import AdbcStatement
-
-        sql = f"SELECT {', '.join(quote(c) for c in columns)} FROM {quote(table)}"
         with self._lock:
-            try:
-                stmt = AdbcStatement(con)
-                try:
-                    stmt.set_sql_query(sql)
-                    stream, _ = stmt.execute_query()
-                    df = pl.DataFrame(stream)  # Arrow C stream: no pyarrow import needed
-                finally:
-                    stmt.close()
-            except Exception:  # any driver failure means: use the row path
-                return None
-        if df.columns != columns:
-            return None
-        if any(dt not in (pl.Int64, pl.Null) for dt in df.dtypes):
-            return None
-        return df.cast(dict.fromkeys(columns, pl.Int64()))
+            return sqlite_bulk.read_ints(con, table, columns)
 
     def _read_bulk(
-        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None]
+        self, table: str, columns: list[str], dtypes: dict[str, pl.DataType | None],
+        narrow: Mapping[str, pl.DataType],
     ) -> pl.DataFrame | None:
         """All ``columns`` of a big table in one ADBC read (`sqlite_bulk.read_bulk`), or None
         to take the per-column paths below."""
         if os.environ.get("NSYSAN_NO_ADBC"):
             return None
         read = sqlite_bulk.read_bulk(file_uri(self.path, self._immutable), table, columns,
-                                     dtypes, self.rows_estimate(table))
+                                     dtypes, self.rows_estimate(table), narrow)
         if read is None:
             return None
         df, nulled = read
