@@ -114,24 +114,24 @@ def needed_columns(trace: Path) -> tuple[dict[str, list[str]], list[str]]:
 
     seen: dict[str, list[str]] = {}
     filtered: list[str] = []
-    orig, orig_query = SqliteSource.read, SqliteSource._read_query
+    orig, orig_query = SqliteSource.read_narrowed, SqliteSource._read_query
 
-    def spy(self, table, columns):  # a recording double of SqliteSource.read
+    def spy(self, table, columns, narrow):  # a recording double of every whole-table read
         cols = seen.setdefault(table, [])
         cols.extend(c for c in columns if c not in cols)
-        return orig(self, table, columns)
+        return orig(self, table, columns, narrow)
 
     def spy_query(self, table, sql, columns, *args, **kwargs):
         filtered.append(sql)
         return orig_query(self, table, sql, columns, *args, **kwargs)
 
-    SqliteSource.read, SqliteSource._read_query = spy, spy_query
+    SqliteSource.read_narrowed, SqliteSource._read_query = spy, spy_query  # (read: narrow {})
     try:
         env = os.environ.get("NSYSAN_NO_CACHE")
         os.environ["NSYSAN_NO_CACHE"] = "1"
         analyze(trace)
     finally:
-        SqliteSource.read, SqliteSource._read_query = orig, orig_query
+        SqliteSource.read_narrowed, SqliteSource._read_query = orig, orig_query
         if env is None:
             os.environ.pop("NSYSAN_NO_CACHE", None)
     return seen, filtered

@@ -251,13 +251,13 @@ def test_a_damaged_cache_file_is_built_again(damage: str, tmp_path: Path,
     else:
         monkeypatch.setattr(cache, "read_frame", lambda *a: _panicking_values(data))
     reads: list[str] = []
-    real = SqliteSource.read
+    real = SqliteSource.read_narrowed  # (every whole-table read goes through it)
 
     def counted(self: SqliteSource, table: str, *args: object, **kwargs: object) -> object:
         reads.append(table)
         return real(self, table, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(SqliteSource, "read", counted)
+    monkeypatch.setattr(SqliteSource, "read_narrowed", counted)
     again = open_trace(REPO_ROOT / "fixtures" / "example_ddp.sqlite", cache_dir=tmp_path,
                        frame_cache=True).frame("gpu_ops")
     assert reads  # built from the export
