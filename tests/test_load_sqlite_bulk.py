@@ -178,7 +178,37 @@ def test_a_value_that_does_not_fit_widens_its_column_back(
 def test_a_table_with_text_and_the_row_path_come_as_int64(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _table(tmp_path / "t.sqlite", _rows(300))
+    """Text tables keep the one-table read, which does not narrow; nor does the row path."""
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    monkeypatch.delenv("NSYSAN_NO_ADBC", raising=False)
+    path = tmp_path / "t.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")  # (an nsys
+    con.execute("CREATE TABLE ANALYSIS_DETAILS (duration INTEGER)")  # file)
+    con.execute("CREATE TABLE T (a INTEGER, s TEXT)")
+    con.executemany("INSERT INTO T VALUES (?, ?)", [(i, f"s{i}") for i in range(300)])
+    con.commit()
+    con.close()
+    source = SqliteSource(path)
+    try:
+        got = source.read_narrowed("T", ["a", "s"], {"a": pl.UInt16()})
+    finally:
+        source.close()
+    assert got.schema == pl.Schema({"a": pl.Int64, "s": pl.String}) and got["a"].sum() == 44850
+    path = _table(tmp_path / "n.sqlite", _rows(300))
     monkeypatch.setenv("NSYSAN_NO_ADBC", "1")
-    got = _read_narrowed(path, {"a": pl.UInt16()})
-    assert got.schema["a"] == pl.Int64
+    assert _read_narrowed(path, {"a": pl.UInt16()}).schema["a"] == pl.Int64
+
+
+def test_the_buffers_widen_after_null_batches_and_growth() -> None:
+    """A narrow column widened after a batch of NULLs only and after the buffers grew past
+    their first size keeps every value and every NULL."""
+    import pyarrow as pa
+
+    buffers = sqlite_bulk._Buffers(["a"], [pl.Int64()], 4, {"a": pl.UInt8()})
+    batches = [[None, None, None], [1, 255, None], [7, 8, 9, 10, 11], [300, -1]]
+    for values in batches:
+        buffers.append(pa.record_batch({"a": pa.array(values, pa.int64())}))
+    got = buffers.frame()["a"]
+    assert got.dtype == pl.Int64
+    assert got.to_list() == [v for values in batches for v in values]

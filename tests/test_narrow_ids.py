@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from conftest import SHARED_TRACES
+from conftest import SHARED_TRACES, shared_sqlite_files
 from export_mutations import EXAMPLE, KERNEL, RUNTIME, SYNC, copy_export, execute
 
 import nsysan
@@ -339,3 +339,40 @@ def test_big_tables_give_the_columns_a_frame_copies_already_narrow(
     for table, columns in want.items():
         assert table in read, table
         assert {c: read[table][c] for c in columns} == columns, table
+
+
+#: the frames whose builders ask for narrow reads
+NARROWING_FRAMES = ("gpu_ops", "cuda_api", "sync", "sched", "cpu_samples")
+
+
+@pytest.mark.parametrize("rel", ["fixture:example_ddp", "fixture:cpu_host_sampling",
+                                 *shared_sqlite_files()])
+def test_narrow_reads_give_the_frames_of_int64_reads(
+    rel: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every frame built from narrow reads equals the one built from Int64 reads, on every
+    trace: a build that computed with a narrowed column (a product of UInt16 launch sizes
+    wraps) would differ here, and only on the bulk path real traces take."""
+    from nsysan.load.adapters import Adapter
+
+    path = (EXAMPLE if rel == "fixture:example_ddp" else HOST_FIXTURE
+            if rel.startswith("fixture:") else request.getfixturevalue("shared_traces") / rel)
+    monkeypatch.setattr(sqlite_source, "BULK_MIN_ROWS", 1)
+    monkeypatch.delenv("NSYSAN_NO_ADBC", raising=False)
+
+    def frames() -> dict[str, pl.DataFrame]:
+        trace = open_trace(path, trace_id="t", frame_cache=False)
+        return {f: trace.frame(f) for f in NARROWING_FRAMES if trace.has(f)}
+
+    narrow = frames()
+    orig = Adapter.read
+
+    def wide(self, table, required, optional=None, defaulted=None, narrow=None):
+        return orig(self, table, required, optional, defaulted)
+
+    monkeypatch.setattr(Adapter, "read", wide)
+    as_int64 = frames()
+    assert narrow.keys() == as_int64.keys() and narrow
+    for name, df in narrow.items():
+        assert df.schema == as_int64[name].schema, name
+        assert df.equals(as_int64[name]), name

@@ -107,11 +107,12 @@ def read_bulk(
             del arrow
     except Exception:  # any driver or data surprise: the caller takes the other paths
         return None
-    narrowed = {c for c in columns if not flags and df.schema[c] != dtypes[c]
-                and df.schema[c] == (narrow or {}).get(c)}
-    if not isinstance(df, pl.DataFrame) or any(
-        df.schema[c] not in (dtypes[c], pl.Null()) for c in columns if c not in narrowed
-    ):
+    if not isinstance(df, pl.DataFrame):
+        return None
+    # (only `read_numbers` narrows: the one-table read of a text table gives Int64)
+    narrowed = {c for c in columns
+                if df.schema[c] != dtypes[c] and df.schema[c] == (narrow or {}).get(c)}
+    if any(df.schema[c] not in (dtypes[c], pl.Null()) for c in columns if c not in narrowed):
         return None
     nulled = {c: int((df[flags[c]] == 2).sum()) if c in flags else 0 for c in columns}
     return df.select(
