@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -92,12 +93,15 @@ def prune_cmd(cache_dir: Path | None, max_size: str | None, older_than: float | 
     removed = prune(root, max_total=limit, older_than_s=None if older_than is None
                     else older_than * 86400, everything=everything, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
-    for e in removed:
-        click.echo(f"{verb} {_size(e.bytes):>11}  {_when(e.last_used)}  {e.source_name}  "
-                   f"({e.folder.name})")
+    for r in removed:
+        kept = ("; its folder stays: it holds files nsysan did not write or is being written"
+                if r.folder_kept else "")
+        click.echo(f"{verb} {_size(r.bytes):>11}  {_when(r.entry.last_used)}  "
+                   f"{r.entry.source_name}  ({r.folder.name}){kept}")
     left = entries(root)
-    if dry_run:
-        gone = {e.folder for e in removed}
-        left = [e for e in left if e.folder not in gone]
-    click.echo(f"{verb} {len(removed)} trace(s), {_size(sum(e.bytes for e in removed))}; "
-               f"{len(left)} left, {_size(sum(e.bytes for e in left))} in {root}")
+    if dry_run:  # (what the removal would leave)
+        plan = {r.folder: r for r in removed}
+        left = [replace(e, bytes=e.bytes - plan[e.folder].bytes) if e.folder in plan else e
+                for e in left if e.folder not in plan or plan[e.folder].folder_kept]
+    click.echo(f"{verb} {len(removed)} trace(s), {_size(sum(r.bytes for r in removed))}; "
+               f"{len(left)} folder(s) left, {_size(sum(e.bytes for e in left))} in {root}")

@@ -94,7 +94,7 @@ def test_prune_by_age_and_all(tmp_path: Path) -> None:
     assert [e.folder for e in prune(tmp_path / "frames", older_than_s=5 * DAY)] == [ddp]
     assert layers.is_dir()
     code, out = _run("prune", "--cache-dir", str(tmp_path), "--all")
-    assert code == 0 and "removed 1 trace(s)" in out and "0 left, 0 B" in out
+    assert code == 0 and "removed 1 trace(s)" in out and "0 folder(s) left, 0 B" in out
     assert not layers.exists()
 
 
@@ -215,3 +215,47 @@ def test_bad_bounds_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.Monk
     assert open_trace(small, cache_dir=tmp_path, frame_cache=False).frame("gpu_ops").height
     monkeypatch.setenv("NSYSAN_NO_CACHE", "1")
     assert open_trace(small, cache_dir=tmp_path).frame("gpu_ops").height
+
+
+def test_prune_says_what_it_removed_and_which_folders_stay(tmp_path: Path) -> None:
+    """The bytes reported are the files removed (a write in progress is kept, not counted),
+    a folder that stays is named as staying, and it keeps its time of last use."""
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    young = ddp / f".gpu_ops.{'a' * 32}.tmp"  # a write in progress
+    young.write_bytes(b"x" * 1000)
+    (layers / "keep.txt").write_text("mine")
+    _aged(ddp, 3), _aged(layers, 2)
+    ours = {f: _files_bytes(f) - extra for f, extra in ((ddp, 1000), (layers, 4))}
+    code, out = _run("prune", "--cache-dir", str(tmp_path), "--all", "--dry-run")
+    assert code == 0 and ddp.is_dir() and (ddp / "gpu_ops.arrow").exists()
+    assert f"would remove 2 trace(s), {_size(sum(ours.values()))}" in out
+    assert "2 folder(s) left, 1000 B" in out  # (the young write; the user's file is not ours)
+    removed = prune(tmp_path / "frames", everything=True)
+    assert [(r.folder, r.bytes, r.folder_kept) for r in removed] == [
+        (ddp, ours[ddp], True), (layers, ours[layers], True)]
+    assert sorted(p.name for p in ddp.iterdir()) == [young.name]
+    for folder, days in ((ddp, 3), (layers, 2)):  # still their last use, not now
+        assert abs(folder.stat().st_mtime - (time.time() - days * DAY)) < 60
+    young.unlink()
+    code, out = _run("prune", "--cache-dir", str(tmp_path), "--all")
+    assert code == 0 and "removed 2 trace(s), 0 B" in out
+    assert out.count("its folder stays") == 1 and not ddp.exists()  # (empty: removed)
+
+
+def test_a_write_in_progress_still_counts_against_the_bound(tmp_path: Path) -> None:
+    # removing the older trace leaves its young temporary file: if that keeps the cache over
+    # the bound, the next least recently used trace goes too
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    big = 200_000
+    (ddp / f".nvtx.{'b' * 32}.tmp").write_bytes(b"x" * big)
+    _aged(ddp, 3), _aged(layers, 1)
+    bound = big + _files_bytes(layers) // 2  # (the young file alone fits; with layers, not)
+    removed = prune(tmp_path / "frames", max_total=bound)
+    assert [r.folder for r in removed] == [ddp, layers]
+    assert sum(e.bytes for e in entries(tmp_path / "frames")) <= bound
+
+
+def _size(n: int) -> str:
+    from nsysan.cli_cache import _size as size
+
+    return size(n)

@@ -116,14 +116,31 @@ def entries(root: Path) -> list[CacheEntry]:
     return sorted(found, key=lambda e: (e.last_used, e.folder.name))
 
 
+@dataclass(frozen=True)
+class Removal:
+    """What pruning did to one cached trace (in a dry run: would do): the ``bytes`` of
+    nsysan's files removed from its folder, and whether the folder stays (``folder_kept``:
+    it holds files nsysan did not write, or a write in progress younger than
+    `TEMPORARY_AGE_S`, which are never removed)."""
+
+    entry: CacheEntry
+    bytes: int
+    folder_kept: bool
+
+    @property
+    def folder(self) -> Path:
+        return self.entry.folder
+
+
 def prune(root: Path, *, max_total: int | None = None, older_than_s: float | None = None,
           everything: bool = False, keep: Path | None = None, dry_run: bool = False
-          ) -> list[CacheEntry]:
+          ) -> list[Removal]:
     """Remove the cached traces under ``root``: all of them (``everything``), those unused
     for ``older_than_s`` seconds, then the least recently used until the rest take at most
-    ``max_total`` bytes; never the folder ``keep`` (the one an analysis is using). Only
-    nsysan's files are removed (module docstring). Returns the entries removed (with
-    ``dry_run``: that would be), least recently used first."""
+    ``max_total`` bytes (what a trace's removal would leave, a write in progress, still
+    counts); never the folder ``keep`` (the one an analysis is using). Only nsysan's files
+    are removed (module docstring). Returns what was removed (with ``dry_run``: what would
+    be), least recently used first."""
     now = time.time()
     cached = entries(root)
     total = sum(e.bytes for e in cached)
@@ -131,12 +148,12 @@ def prune(root: Path, *, max_total: int | None = None, older_than_s: float | Non
     for entry in (e for e in cached if e.folder != keep):
         old = older_than_s is not None and now - entry.last_used > older_than_s
         if everything or old or (max_total is not None and total > max_total):
-            chosen.append(entry)
-            total -= entry.bytes
-    if not dry_run:
-        for entry in chosen:
-            _remove(entry.folder, now)
-    return chosen
+            plan = _removable(entry.folder, now)
+            chosen.append(Removal(entry, sum(plan.values()), _other_files(entry.folder, plan)))
+            total -= chosen[-1].bytes
+    if dry_run:
+        return chosen
+    return [Removal(r.entry, *_remove(r.folder, now)) for r in chosen]
 
 
 def keep_bounded(folder: Path) -> None:
@@ -165,14 +182,42 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _remove(folder: Path, now: float) -> None:
+def _removable(folder: Path, now: float) -> dict[str, int]:
+    """The files of ``folder`` a prune removes, with their sizes: nsysan's own regular files
+    (never a link), but not a temporary file younger than `TEMPORARY_AGE_S`."""
+    found = {}
+    for path in _own_files(folder):
+        try:
+            st = path.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not (path.name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S):
+            found[path.name] = st.st_size
+    return found
+
+
+def _other_files(folder: Path, removable: dict[str, int]) -> bool:
+    """True when ``folder`` holds anything besides the files of ``removable``."""
+    try:
+        return any(name not in removable for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def _remove(folder: Path, now: float) -> tuple[int, bool]:
+    """Remove nsysan's files in ``folder`` (`_removable`), then the folder when nothing else
+    is left in it; (bytes removed, whether the folder stays). A folder that stays keeps its
+    time of last use: removing files from it would otherwise make it the most recently used
+    trace of the cache, the last the bound removes."""
     # Through the folder's own descriptor, opened without following a link: a folder
     # replaced by a link since it was listed is left alone, not followed out of the cache.
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return  # (removed meanwhile, or now a link)
+        return 0, folder.exists()  # (removed meanwhile, or now a link)
+    removed = 0
     try:
+        used = os.fstat(fd)
         for name in os.listdir(fd):
             if not OWN_FILES.fullmatch(name):
                 continue
@@ -183,9 +228,15 @@ def _remove(folder: Path, now: float) -> None:
                 if name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S:
                     continue  # (a write in progress)
                 os.unlink(name, dir_fd=fd)
+                removed += st.st_size
             except OSError:
                 pass  # (removed by another analysis, or not ours to remove)
+        try:
+            folder.rmdir()  # (only when nothing else is left in it)
+            return removed, False
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.utime(fd, ns=(used.st_atime_ns, used.st_mtime_ns))
+            return removed, True
     finally:
         os.close(fd)
-    with contextlib.suppress(OSError):  # (only when nothing else is left in it)
-        folder.rmdir()
