@@ -80,12 +80,16 @@ def enabled(source_path: Path, source_format: str, frame_cache: bool | None) -> 
         return False
 
 
+#: bytes of `content_key`'s digest (its folder names end with twice as many hex digits)
+KEY_BYTES = 12
+
+
 def content_key(path: Path) -> str:
     """Version + size + mtime + sampled content of ``path`` (see the module docstring)."""
     from nsysan._version import __version__
 
     st = path.stat()
-    h = hashlib.blake2b(digest_size=12)
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
     h.update(f"{__version__}|{FRAMES_REVISION}|{st.st_size}|{st.st_mtime_ns}".encode())
     with open(path, "rb") as fh:
         h.update(fh.read(_EDGE))

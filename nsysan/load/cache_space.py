@@ -31,7 +31,7 @@ from pathlib import Path
 
 from nsysan.errors import ConfigError
 from nsysan.frames import schemas, schemas_host
-from nsysan.load.cache import COUNTS_FILE, DIGEST_FILE, FRAME_FILES
+from nsysan.load.cache import COUNTS_FILE, DIGEST_FILE, FRAME_FILES, KEY_BYTES
 
 #: the environment variable of the bound (a size: ``20G``, ``500M``, a number of bytes; or
 #: ``none`` for no bound)
@@ -41,7 +41,7 @@ DEFAULT_MAX_BYTES = 20 << 30
 #: a temporary file younger than this may be a write in progress: never removed
 TEMPORARY_AGE_S = 3600
 
-_FOLDER = re.compile(r"(?P<source>.+)\.(?P<key>[0-9a-f]{24})")
+_FOLDER = re.compile(rf"(?P<source>.+)\.(?P<key>[0-9a-f]{{{2 * KEY_BYTES}}})")
 
 
 def _either(names: Iterable[str]) -> str:
