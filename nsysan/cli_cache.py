@@ -94,8 +94,7 @@ def prune_cmd(cache_dir: Path | None, max_size: str | None, older_than: float | 
                     else older_than * 86400, everything=everything, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for r in removed:
-        kept = ("; its folder stays: it holds files nsysan did not write or is being written"
-                if r.folder_kept else "")
+        kept = "; its folder stays (not empty, or it could not be removed)" if r.folder_kept else ""
         click.echo(f"{verb} {_size(r.bytes):>11}  {_when(r.entry.last_used)}  "
                    f"{r.entry.source_name}  ({r.folder.name}){kept}")
     left = entries(root)

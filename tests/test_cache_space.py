@@ -152,8 +152,11 @@ def test_prune_follows_no_link_out_of_the_cache(tmp_path: Path) -> None:
     (elsewhere / "gpu_ops.arrow").write_bytes(b"the user's")
     link = tmp_path / f"x.sqlite.{'0' * 24}"
     link.symlink_to(elsewhere, target_is_directory=True)
-    cache_space._remove(link, time.time())
+    assert cache_space._remove(link, time.time()) == (0, True)  # (nothing removed; it stays)
     assert (elsewhere / "gpu_ops.arrow").read_bytes() == b"the user's"
+    dangling = tmp_path / f"y.sqlite.{'0' * 24}"
+    dangling.symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    assert cache_space._remove(dangling, time.time()) == (0, True)  # (a link still there)
 
 
 def test_a_frame_in_use_stays_readable_when_its_files_are_pruned(tmp_path: Path) -> None:
@@ -238,8 +241,30 @@ def test_prune_says_what_it_removed_and_which_folders_stay(tmp_path: Path) -> No
         assert abs(folder.stat().st_mtime - (time.time() - days * DAY)) < 60
     young.unlink()
     code, out = _run("prune", "--cache-dir", str(tmp_path), "--all")
-    assert code == 0 and "removed 2 trace(s), 0 B" in out
-    assert out.count("its folder stays") == 1 and not ddp.exists()  # (empty: removed)
+    # the empty folder goes; the one holding only the user's file is not a removal again
+    assert code == 0 and "removed 1 trace(s), 0 B; 1 folder(s) left" in out
+    assert "its folder stays" not in out and not ddp.exists() and layers.is_dir()
+
+
+def test_a_folder_written_during_a_prune_keeps_its_new_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nsysan.load import cache_space
+
+    ddp = _cache(DDP, tmp_path)
+    _aged(ddp, 3)
+    real = os.unlink
+
+    def unlink_while_another_writes(name: str, *args: object, **kwargs: object) -> None:
+        real(name, *args, **kwargs)  # type: ignore[arg-type]
+        fresh = ddp / "nvtx.arrow"
+        if not fresh.exists():
+            fresh.write_bytes(b"x")  # another analysis stores a frame meanwhile
+
+    monkeypatch.setattr(cache_space.os, "unlink", unlink_while_another_writes)
+    removed = prune(tmp_path / "frames", everything=True)
+    assert removed[0].folder_kept and (ddp / "nvtx.arrow").exists()
+    assert time.time() - ddp.stat().st_mtime < 60  # its newer use, not 3 days ago
 
 
 def test_a_write_in_progress_still_counts_against_the_bound(tmp_path: Path) -> None:

@@ -149,7 +149,10 @@ def prune(root: Path, *, max_total: int | None = None, older_than_s: float | Non
         old = older_than_s is not None and now - entry.last_used > older_than_s
         if everything or old or (max_total is not None and total > max_total):
             plan = _removable(entry.folder, now)
-            chosen.append(Removal(entry, sum(plan.values()), _other_files(entry.folder, plan)))
+            stays = _other_files(entry.folder, plan)
+            if not plan and stays:
+                continue  # (nothing of nsysan's to remove there: not a removal)
+            chosen.append(Removal(entry, sum(plan.values()), stays))
             total -= chosen[-1].bytes
     if dry_run:
         return chosen
@@ -208,17 +211,22 @@ def _remove(folder: Path, now: float) -> tuple[int, bool]:
     """Remove nsysan's files in ``folder`` (`_removable`), then the folder when nothing else
     is left in it; (bytes removed, whether the folder stays). A folder that stays keeps its
     time of last use: removing files from it would otherwise make it the most recently used
-    trace of the cache, the last the bound removes."""
+    trace of the cache, the last the bound removes. Unless a file appeared in it meanwhile
+    (another analysis writing there: its use is newer); a mere touch by another analysis
+    in the same moment cannot be told from the removals, and is then undone (its frames are
+    then pruned sooner: a rebuild, never a wrong result)."""
     # Through the folder's own descriptor, opened without following a link: a folder
     # replaced by a link since it was listed is left alone, not followed out of the cache.
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return 0, folder.exists()  # (removed meanwhile, or now a link)
+        return 0, os.path.lexists(folder)  # (removed meanwhile, or now a link)
     removed = 0
     try:
         used = os.fstat(fd)
-        for name in os.listdir(fd):
+        names = os.listdir(fd)
+        gone = set()
+        for name in names:
             if not OWN_FILES.fullmatch(name):
                 continue
             try:
@@ -229,6 +237,7 @@ def _remove(folder: Path, now: float) -> tuple[int, bool]:
                     continue  # (a write in progress)
                 os.unlink(name, dir_fd=fd)
                 removed += st.st_size
+                gone.add(name)
             except OSError:
                 pass  # (removed by another analysis, or not ours to remove)
         try:
@@ -236,7 +245,8 @@ def _remove(folder: Path, now: float) -> tuple[int, bool]:
             return removed, False
         except OSError:
             with contextlib.suppress(OSError):
-                os.utime(fd, ns=(used.st_atime_ns, used.st_mtime_ns))
+                if set(os.listdir(fd)) <= set(names) - gone:
+                    os.utime(fd, ns=(used.st_atime_ns, used.st_mtime_ns))
             return removed, True
     finally:
         os.close(fd)
