@@ -55,18 +55,25 @@ def list_cmd(cache_dir: Path | None, as_json: bool) -> None:
     from nsysan.load.cache_space import entries
 
     root = cache_root(cache_dir)
-    found = entries(root)
+    # (a cache folder without any of nsysan's files holds no trace: the user's files kept
+    # by a prune, or an analysis that has not written yet)
+    folders = entries(root)
+    found = [e for e in folders if e.bytes]
+    empty = [str(e.folder) for e in folders if not e.bytes]
     if as_json:
         click.echo(json.dumps({"root": str(root), "bytes": sum(e.bytes for e in found),
                                "traces": [{"folder": str(e.folder), "source": e.source_name,
                                            "bytes": e.bytes, "last_used": e.last_used}
-                                          for e in found]}, indent=2))
+                                          for e in found],
+                               "folders_without_frames": empty}, indent=2))
         return
     for e in found:
         click.echo(f"{_size(e.bytes):>11}  {_when(e.last_used)}  {e.source_name}  "
                    f"({e.folder.name})")
     total = sum(e.bytes for e in found)
-    click.echo(f"{len(found)} cached trace(s), {_size(total)} in {root}; {_bound_text()}")
+    others = f"; {len(empty)} other folder(s) hold no frames" if empty else ""
+    click.echo(f"{len(found)} cached trace(s), {_size(total)} in {root}{others}; "
+               f"{_bound_text()}")
 
 
 @cache_group.command("prune")

@@ -244,6 +244,13 @@ def test_prune_says_what_it_removed_and_which_folders_stay(tmp_path: Path) -> No
     # the empty folder goes; the one holding only the user's file is not a removal again
     assert code == 0 and "removed 1 trace(s), 0 B; 1 folder(s) left" in out
     assert "its folder stays" not in out and not ddp.exists() and layers.is_dir()
+    # and the folder left with only the user's file is no cached trace
+    code, out = _run("list", "--cache-dir", str(tmp_path))
+    assert code == 0 and out.startswith("0 cached trace(s), 0 B") and (
+        "1 other folder(s) hold no frames" in out)
+    code, out = _run("list", "--cache-dir", str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert doc["traces"] == [] and doc["folders_without_frames"] == [str(layers)]
 
 
 def test_a_folder_written_during_a_prune_keeps_its_new_time(
@@ -284,3 +291,24 @@ def _size(n: int) -> str:
     from nsysan.cli_cache import _size as size
 
     return size(n)
+
+
+def test_a_file_written_during_a_prune_is_not_taken_off_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a frame stored into the least recently used trace after the cache was listed: its
+    # removal must not count bytes the listed total never held, or the prune stops early
+    from nsysan.load import cache_space
+
+    ddp, layers = _cache(DDP, tmp_path), _cache(LAYERS, tmp_path)
+    _aged(ddp, 3), _aged(layers, 1)
+    listed = cache_space.entries
+
+    def listed_then_written(root: Path) -> list:
+        found = listed(root)
+        (ddp / "cpu_samples.arrow").write_bytes(b"x" * 300_000)
+        return found
+
+    monkeypatch.setattr(cache_space, "entries", listed_then_written)
+    removed = prune(tmp_path / "frames", max_total=_files_bytes(layers) - 1)
+    assert [r.folder for r in removed] == [ddp, layers]

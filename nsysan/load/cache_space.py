@@ -148,12 +148,14 @@ def prune(root: Path, *, max_total: int | None = None, older_than_s: float | Non
     for entry in (e for e in cached if e.folder != keep):
         old = older_than_s is not None and now - entry.last_used > older_than_s
         if everything or old or (max_total is not None and total > max_total):
-            plan = _removable(entry.folder, now)
+            plan, own = _removable(entry.folder, now)
             stays = _other_files(entry.folder, plan)
             if not plan and stays:
                 continue  # (nothing of nsysan's to remove there: not a removal)
             chosen.append(Removal(entry, sum(plan.values()), stays))
-            total -= chosen[-1].bytes
+            # (what the folder will hold, from this listing: a file written since `entries`
+            # counted it is then not taken off a total it was never in)
+            total += own - chosen[-1].bytes - entry.bytes
     if dry_run:
         return chosen
     return [Removal(r.entry, *_remove(r.folder, now)) for r in chosen]
@@ -185,18 +187,20 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _removable(folder: Path, now: float) -> dict[str, int]:
+def _removable(folder: Path, now: float) -> tuple[dict[str, int], int]:
     """The files of ``folder`` a prune removes, with their sizes: nsysan's own regular files
-    (never a link), but not a temporary file younger than `TEMPORARY_AGE_S`."""
-    found = {}
+    (never a link), but not a temporary file younger than `TEMPORARY_AGE_S`; and the bytes
+    of all of nsysan's files there."""
+    found, own = {}, 0
     for path in _own_files(folder):
         try:
             st = path.stat(follow_symlinks=False)
         except OSError:
             continue
+        own += st.st_size
         if not (path.name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S):
             found[path.name] = st.st_size
-    return found
+    return found, own
 
 
 def _other_files(folder: Path, removable: dict[str, int]) -> bool:
