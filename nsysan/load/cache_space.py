@@ -109,7 +109,7 @@ def entries(root: Path) -> list[CacheEntry]:
             used = folder.stat().st_mtime
         except OSError:
             continue  # (removed meanwhile)
-        size = sum(_size(f) for f in _own_files(folder))
+        size = _contents(folder, time.time())[1]
         match = _FOLDER.fullmatch(folder.name)
         assert match is not None
         found.append(CacheEntry(folder, match["source"], size, used))
@@ -148,8 +148,7 @@ def prune(root: Path, *, max_total: int | None = None, older_than_s: float | Non
     for entry in (e for e in cached if e.folder != keep):
         old = older_than_s is not None and now - entry.last_used > older_than_s
         if everything or old or (max_total is not None and total > max_total):
-            plan, own = _removable(entry.folder, now)
-            stays = _other_files(entry.folder, plan)
+            plan, own, stays = _contents(entry.folder, now)
             if not plan and stays:
                 continue  # (nothing of nsysan's to remove there: not a removal)
             chosen.append(Removal(entry, sum(plan.values()), stays))
@@ -172,47 +171,39 @@ def keep_bounded(folder: Path) -> None:
         prune(folder.parent, max_total=limit, keep=folder)
 
 
-def _own_files(folder: Path) -> list[Path]:
+def _prunable(name: str, st: os.stat_result, now: float) -> bool:
+    """Whether a prune removes the entry ``name`` of a cache folder (``st``: its stat, links
+    not followed): one of nsysan's own regular files, but not a temporary file younger than
+    `TEMPORARY_AGE_S` (a write in progress)."""
+    return (OWN_FILES.fullmatch(name) is not None and stat.S_ISREG(st.st_mode)
+            and not (name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S))
+
+
+def _contents(folder: Path, now: float) -> tuple[dict[str, int], int, bool]:
+    """What a prune of ``folder`` would do, from one listing: the files it removes with
+    their sizes (`_prunable`), the bytes of all of nsysan's files there, and whether the
+    folder stays (it holds anything else)."""
+    found, own, stays = {}, 0, False
     try:
-        return [p for p in folder.iterdir() if OWN_FILES.fullmatch(p.name) and p.is_file()
-                and not p.is_symlink()]
+        names = os.listdir(folder)
     except OSError:
-        return []
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _removable(folder: Path, now: float) -> tuple[dict[str, int], int]:
-    """The files of ``folder`` a prune removes, with their sizes: nsysan's own regular files
-    (never a link), but not a temporary file younger than `TEMPORARY_AGE_S`; and the bytes
-    of all of nsysan's files there."""
-    found, own = {}, 0
-    for path in _own_files(folder):
+        return found, own, False
+    for name in names:
         try:
-            st = path.stat(follow_symlinks=False)
+            st = os.stat(folder / name, follow_symlinks=False)
         except OSError:
-            continue
-        own += st.st_size
-        if not (path.name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S):
-            found[path.name] = st.st_size
-    return found, own
-
-
-def _other_files(folder: Path, removable: dict[str, int]) -> bool:
-    """True when ``folder`` holds anything besides the files of ``removable``."""
-    try:
-        return any(name not in removable for name in os.listdir(folder))
-    except OSError:
-        return False
+            continue  # (removed meanwhile)
+        if OWN_FILES.fullmatch(name) and stat.S_ISREG(st.st_mode):
+            own += st.st_size
+        if _prunable(name, st, now):
+            found[name] = st.st_size
+        else:
+            stays = True
+    return found, own, stays
 
 
 def _remove(folder: Path, now: float) -> tuple[int, bool]:
-    """Remove nsysan's files in ``folder`` (`_removable`), then the folder when nothing else
+    """Remove nsysan's files in ``folder`` (`_prunable`), then the folder when nothing else
     is left in it; (bytes removed, whether the folder stays). A folder that stays keeps its
     time of last use: removing files from it would otherwise make it the most recently used
     trace of the cache, the last the bound removes. Unless a file appeared in it meanwhile
@@ -231,14 +222,10 @@ def _remove(folder: Path, now: float) -> tuple[int, bool]:
         names = os.listdir(fd)
         gone = set()
         for name in names:
-            if not OWN_FILES.fullmatch(name):
-                continue
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
+                if not _prunable(name, st, now):
                     continue
-                if name.endswith(".tmp") and now - st.st_mtime < TEMPORARY_AGE_S:
-                    continue  # (a write in progress)
                 os.unlink(name, dir_fd=fd)
                 removed += st.st_size
                 gone.add(name)
