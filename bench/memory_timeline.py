@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["NSYSAN_PASS_WORKERS"] = str(args.workers)
     if args.cache:
         os.environ["NSYSAN_CACHE_DIR"] = str(args.cache)
+    # as the ``nsysan`` command does before any thread starts
+    from nsysan.frames.heap import share_one_arena
+
+    share_one_arena()
     rec = Recorder(args.interval_ms / 1e3)
     rec.start()
     import nsysan.api as api

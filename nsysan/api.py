@@ -16,7 +16,6 @@ import polars as pl
 
 from nsysan.errors import ConfigError
 from nsysan.frames.context import AnalysisContext
-from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes import registry
 from nsysan.passes.base import Finding, PassResult
@@ -203,7 +202,6 @@ def _run_passes(
         timings["frames"] = time.perf_counter() - t
     results, pass_timings = run_passes(specs, trace, params, pass_workers(trace),
                                        release_frames=release_frames)
-    trim()  # the passes' intermediates (`nsysan.frames.heap`)
     timings.update(pass_timings)
     return AnalysisResult(
         trace=trace.base if isinstance(trace, AnalysisContext) else trace,

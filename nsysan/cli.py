@@ -26,6 +26,7 @@ import click
 
 from nsysan._version import __version__
 from nsysan.errors import NsysanError
+from nsysan.frames.heap import share_one_arena
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,7 +178,9 @@ def main() -> None:
     analysis of a small trace. What must finish first does: queued frame-cache files are
     written, `atexit` functions run and the output streams flushed; while any other
     non-daemon thread is alive, the exit is the normal one (which waits for it).
+    Its threads share one C heap (`nsysan.frames.heap.share_one_arena`).
     """
+    share_one_arena()
     try:
         cli(prog_name="nsysan")
         status: object = 0

@@ -27,6 +27,7 @@ from nsysan.findings.catalogue import CATALOGUE
 from nsysan.findings.context import Context, NotApplicable, NotEvaluated
 from nsysan.findings.evidence import normalise
 from nsysan.findings.params import FindingParams
+from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import LAYERS, SEVERITIES, Finding, PassResult
 from nsysan.passes.schedule import analysis_context
@@ -169,6 +170,8 @@ def diagnose(
                 continue
             except NotApplicable:  # an optional capture the trace lacks: not reported at all
                 continue
+            finally:
+                trim()  # the C heap's share of the rule's intermediates (`nsysan.frames.heap`)
             if out:
                 findings.extend(out)
             else:

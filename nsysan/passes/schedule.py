@@ -30,6 +30,7 @@ from typing import Any
 
 from nsysan.errors import ConfigError
 from nsysan.frames.context import AnalysisContext
+from nsysan.frames.heap import trim
 from nsysan.frames.trace import Trace
 from nsysan.passes.base import PassResult, PassSpec
 
@@ -203,12 +204,22 @@ def _run(
                 raise ConfigError(f"passes {names} wait for each other (dependency cycle)")
             t = time.perf_counter()
             prior = {d: results[d] for d in needs[spec.name]}
-            results[spec.name] = spec.run(trace, params[spec.name], prior)
+            results[spec.name] = _run_pass(spec, trace, params, prior)
             timings[spec.name] = time.perf_counter() - t
             if releases is not None:
                 releases.ended(spec)
         return results, timings
     return _concurrent(specs, trace, params, needs, workers, releases)
+
+
+def _run_pass(spec: PassSpec, trace: Trace, params: Mapping[str, Any],
+              prior: dict[str, PassResult]) -> PassResult:
+    """Run one pass, then give back the C heap's memory it freed (`nsysan.frames.heap`): the
+    numpy arrays of one pass, kept by glibc for reuse, were otherwise resident beside the
+    next pass's."""
+    result = spec.run(trace, params[spec.name], prior)
+    trim()
+    return result
 
 
 def _concurrent(
@@ -223,7 +234,7 @@ def _concurrent(
 
     def timed(spec: PassSpec, prior: dict[str, PassResult]) -> tuple[PassResult, float]:
         t = time.perf_counter()
-        return spec.run(trace, params[spec.name], prior), time.perf_counter() - t
+        return _run_pass(spec, trace, params, prior), time.perf_counter() - t
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nsysan-pass")
     try:
