@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["NSYSAN_PASS_WORKERS"] = str(args.workers)
     if args.cache:
         os.environ["NSYSAN_CACHE_DIR"] = str(args.cache)
-    # as the ``nsysan`` command does before any thread starts
+    # as the ``nsysan`` command does before it runs (`nsysan.frames.heap.share_one_arena`)
     from nsysan.frames.heap import share_one_arena
 
     share_one_arena()
