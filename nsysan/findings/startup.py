@@ -31,20 +31,25 @@ def startup_calls(trace: Trace, min_ns: int) -> pl.DataFrame:
     """``pid, name, why, start_ns, end_ns`` of the start-up calls, sorted by start (then by
     the other columns: a total order). Needs cuda_api (callers check)."""
     calls = trace.frame("cuda_api")
-    api = calls.lazy().filter((pl.col("end_ns") - pl.col("start_ns")) >= min_ns)
+    # The calls long enough are few: found in one pass over the calls, then every kind of
+    # start-up call is looked for among them alone (each kind filtering every call held a
+    # duration column of all of them per kind, at once: the parts of a concat run together).
+    slow = calls.lazy().filter((pl.col("end_ns") - pl.col("start_ns")) >= min_ns).select(
+        "global_pid", "correlation_id", "pid", "name", "api_class", "start_ns", "end_ns",
+    ).collect()
     cols = ["pid", "name", "why", "start_ns", "end_ns"]
     # (the regexes once per distinct API name)
-    named = api.filter(per_value(calls, "name", pl.col("name").str.contains(_LOAD_RE)))
+    named = slow.lazy().filter(per_value(slow, "name", pl.col("name").str.contains(_LOAD_RE)))
     named = named.with_columns(pl.lit("module_load").alias("why"))
-    ctx = api.filter(per_value(calls, "name", pl.col("name").str.contains(_CONTEXT_RE)))
+    ctx = slow.lazy().filter(per_value(slow, "name", pl.col("name").str.contains(_CONTEXT_RE)))
     ctx = ctx.with_columns(pl.lit("context").alias("why"))
     # the first call of each process (no sort of every call: a min per process, joined back)
-    t0 = trace.frame("cuda_api").lazy().group_by("pid").agg(pl.col("start_ns").min().alias("_t0"))
-    first_api = (api.join(t0, on="pid").filter(pl.col("start_ns") == pl.col("_t0"))
+    t0 = calls.lazy().group_by("pid").agg(pl.col("start_ns").min().alias("_t0"))
+    first_api = (slow.lazy().join(t0, on="pid").filter(pl.col("start_ns") == pl.col("_t0"))
                  .with_columns(pl.lit("context").alias("why")))
     parts = [named.select(cols), ctx.select(cols), first_api.select(cols)]
     if trace.has("gpu_ops"):
-        parts.append(_first_launches(trace, api).lazy().select(cols))
+        parts.append(_first_launches(trace, slow).lazy().select(cols))
     if trace.has("nvtx"):
         nvtx = trace.frame("nvtx")
         parts.append(nvtx.lazy().filter(
@@ -58,14 +63,14 @@ def startup_calls(trace: Trace, min_ns: int) -> pl.DataFrame:
     return out.unique(["pid", "start_ns", "end_ns", "name"], keep="first", maintain_order=True)
 
 
-def _first_launches(trace: Trace, api: pl.LazyFrame) -> pl.DataFrame:
-    """The slow launch calls of ``api`` whose kernel is the first of its name in its process,
-    with ``why``.
+def _first_launches(trace: Trace, slow_calls: pl.DataFrame) -> pl.DataFrame:
+    """The launch calls among ``slow_calls`` whose kernel is the first of its name in its
+    process, with ``why``.
 
     The slow launches are few, so only their kernels, and the kernels of the same names, are
     read: a join or a group-by over every kernel held ~0.6 GB more on 10M kernels."""
-    slow = api.filter(pl.col("api_class") == "launch").select(
-        ["global_pid", "correlation_id", "pid", "name", "start_ns", "end_ns"]).collect()
+    slow = slow_calls.filter(pl.col("api_class") == "launch").select(
+        ["global_pid", "correlation_id", "pid", "name", "start_ns", "end_ns"])
     kernels = trace.frame("gpu_ops").lazy().filter(pl.col("kind") == "kernel")
     linked = slow.lazy().join(
         kernels.filter(pl.col("correlation_id").is_in(slow["correlation_id"].implode()))
