@@ -124,3 +124,26 @@ def test_steps_projection_by_hand():
     # at the latest end of what its CPU range launched from any thread of the process
     assert steps["start_ns"].to_list() == [1000, 1100, 1200, 1300]
     assert steps["end_ns"].to_list() == [1100, 1200, 1300, 2100]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_ops_without_a_launch_do_not_shift_the_bounds_of_the_others(graph):
+    """The pass links ops to launches by row and reads the ops' bounds from ``gpu_ops`` by
+    op row: an op whose call was not captured, listed first, must not move the others'
+    bounds onto their neighbours (with ``graph``, one launch has two ops: the merge path)."""
+    b = Builder()
+    b.range(0, 100, "outer")
+    b.range(10, 60, "inner", depth=1, parent=1)
+    b.launch((1, 2), (0, 5))
+    b.api.pop()  # the first op's launching call was not captured
+    b.launch((20, 21), (30, 40))
+    b.launch((70, 71), (80, 95), *([(96, 99)] if graph else []))
+    att, _, m = _attribution(b)
+    row = {r["name"]: r for r in att.iter_rows(named=True)}
+    assert (row["inner"]["proj_start_ns"], row["inner"]["proj_end_ns"]) == (30, 40)
+    assert row["inner"]["exclusive_gpu_ns"] == row["inner"]["gpu_busy_ns"] == 10
+    tail = 15 + (3 if graph else 0)
+    assert (row["outer"]["proj_start_ns"], row["outer"]["proj_end_ns"]) == (30, 99 if graph else 95)
+    assert row["outer"]["exclusive_gpu_ns"] == tail
+    assert row["outer"]["gpu_busy_ns"] == 10 + tail
+    assert m["attributed_gpu_ns"] == 10 + tail

@@ -148,16 +148,16 @@ def _largest_remainder(shares: pl.LazyFrame, unions: pl.LazyFrame) -> pl.LazyFra
     )
 
 
-def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _launches(trace: Trace) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The API calls that launched GPU ops (``launch_id`` = API row, ``global_tid``, bounds)
-    and the op -> launch table (``op_id``, ``launch_id``, ``device_id``, op bounds; one launch
-    per op at most, in ``op_id`` order). ``ops`` are the rows of ``gpu_ops`` with ``op_id`` =
-    row number."""
+    and the op -> launch table (``op_id`` = row of ``gpu_ops``, ``launch_id``; one launch
+    per op at most, in ``op_id`` order)."""
     rows = op_link.api_rows(trace)  # shared with the other passes: usually found already
     found = rows >= 0  # every op's call is a row number: no hash joins
-    op_launch = ops.filter(pl.Series(found)).select(
-        "op_id", pl.Series("launch_id", rows[found]), "device_id", "start_ns", "end_ns"
-    )
+    op_launch = pl.DataFrame([
+        pl.Series("op_id", np.flatnonzero(found), pl.UInt32),
+        pl.Series("launch_id", rows[found], pl.Int64),
+    ])
     # (the launching calls only, numbered by their row: no row index over every API call)
     launching = op_link.launched(trace, rows)
     api = trace.cuda_api.select("global_tid", "start_ns", "end_ns").filter(launching)
@@ -165,19 +165,30 @@ def _launches(trace: Trace, ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFra
     return api.select(launch_id, pl.all()), op_launch
 
 
-def _owned(op_launch: pl.DataFrame, inner: pl.DataFrame, n_launches: int) -> pl.DataFrame:
+def _op_bounds(trace: Trace, op_ids: pl.Series) -> pl.DataFrame:
+    """``device_id, start_ns, end_ns`` of the ``gpu_ops`` rows ``op_ids``, in that order (a
+    null device is -1, which no CUDA device id is). Gathered before the cast: only the
+    rows asked for are copied."""
+    return (
+        trace.gpu_ops.select(pl.col("device_id", "start_ns", "end_ns").gather(op_ids))
+        .with_columns(pl.col("device_id").cast(pl.Int64).fill_null(-1))
+    )
+
+
+def _owned(trace: Trace, op_launch: pl.DataFrame, inner: pl.DataFrame,
+           n_launches: int) -> pl.DataFrame:
     """``op_id, rix, device_id, start_ns, end_ns``: every op with the innermost range of its
     launch (``inner``: ``launch_id, rix``), in ``op_id`` order."""
     # Launch ids are API rows: the innermost range is an array lookup, and ops keep their
     # op_id order (one launch each, so nothing to sort or de-duplicate).
     rix_of = np.full(max(n_launches, 1), -1, np.int64)
     rix_of[inner["launch_id"].to_numpy()] = inner["rix"].to_numpy()
-    rix = pl.Series("rix", rix_of[op_launch["launch_id"].to_numpy()])
+    rix = rix_of[op_launch["launch_id"].to_numpy()]
+    kept = rix >= 0
+    op_ids = op_launch["op_id"].filter(pl.Series(kept))
     return (
-        op_launch.with_columns(rix)
-        .filter(pl.col("rix") >= 0)
-        .select("op_id", pl.col("rix").cast(inner.schema["rix"]),
-                "device_id", "start_ns", "end_ns")
+        pl.DataFrame([op_ids, pl.Series("rix", rix[kept], inner.schema["rix"])])
+        .hstack(_op_bounds(trace, op_ids))
     )
 
 
@@ -229,10 +240,11 @@ def _name_ids(ranges: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return nid, rep
 
 
-def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+def _members(trace: Trace, pairs: pl.DataFrame, op_launch: pl.DataFrame,
+             ) -> tuple[pl.DataFrame, np.ndarray]:
     """``rix, device_id, start_ns, end_ns``: ``pairs`` (``launch_id, rix``) joined with
-    ``op_launch`` on ``launch_id``; and which pairs found an op (their launch launched
-    something)."""
+    ``op_launch`` on ``launch_id``, with the ops' devices and bounds; and which pairs found
+    an op (their launch launched something)."""
     # A merge join: launch ids of the ops come nearly sorted (a cheap stable argsort) and
     # each pair's ops are one block of them, found by two binary searches; a hash join over
     # millions of pairs misses the cache at every probe.
@@ -251,10 +263,8 @@ def _members(pairs: pl.DataFrame, op_launch: pl.DataFrame) -> tuple[pl.DataFrame
         has_ops = np.zeros(len(wanted), bool)
         has_ops[pair_rows] = True
     # (only what the sums read: the range and the op's device and bounds)
-    inc = (
-        pairs.select("rix")[pair_rows]
-        .hstack(op_launch.select("device_id", "start_ns", "end_ns")[op_rows])
-    )
+    inc = pairs.select("rix")[pair_rows].hstack(
+        _op_bounds(trace, op_launch["op_id"].gather(op_rows)))
     return inc, has_ops
 
 
@@ -270,12 +280,12 @@ def _merge_rows(launch: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.
     return pair_rows, order[first + np.arange(len(pair_rows))]
 
 
-def _total_busy(trace: Trace, ops: pl.DataFrame) -> int:
-    """GPU busy time of the trace: the union of all GPU ops per device of ``ops``, summed
-    (ops of a null device are one more device). The unions per device are those of the
+def _total_busy(trace: Trace) -> int:
+    """GPU busy time of the trace: the union of all GPU ops per device, summed (ops of a
+    null device are one more device). The unions per device are those of the
     other passes, cut from one shared sorted stream (read once here: not kept), summed from
     the blocks' arrays (no frame to build)."""
-    if ops.is_empty():
+    if trace.gpu_ops.is_empty():
         return 0
     blocks = device_blocks.blocks(trace, None, timed=False, keep=False)
     return int((blocks.end - blocks.start).sum())
@@ -308,21 +318,15 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     layer_tab, lid_of_rix = _layer_ids(ranges, params.group_numbered)
     # Small eager steps: each intermediate below feeds several results, and materialising it
     # once is cheaper than letting every consumer re-run its plan.
-    ops = (
-        # (a null device is -1, which no CUDA device id is; the launch link is by row,
-        # `op_link`, so no key column is read)
-        trace.gpu_ops.select(pl.col("device_id").cast(pl.Int64).fill_null(-1),
-                             "start_ns", "end_ns")
-        .with_row_index("op_id")
-    )
-    launches, op_launch = _launches(trace, ops)
-    total_gpu = _total_busy(trace, ops)
+    launches, op_launch = _launches(trace)
+    total_gpu = _total_busy(trace)
     launch_tids = launches["global_tid"].unique()
     # Memory: the (launch, enclosing range) pairs and the ops joined to them are the pass's
     # largest intermediates (a row per op and enclosing range: several per op). The
     # exclusive shares are computed before the inclusive members are built, and each
     # intermediate is dropped after its last use, so that they are never all alive at once.
-    del ops
+    # The ops' devices and bounds are read from ``gpu_ops`` only for the rows each of them
+    # needs (`_op_bounds`): no copy of them is held beside the ids.
     rng = ranges.select("rix", "global_tid", "start_ns", "end_ns", "depth")
     # (launch_id and rix are unique across threads: the pairs need no thread column, and
     # the innermost range below no ``by``)
@@ -332,7 +336,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     del launches
     # Exclusive: each op owned by the innermost range of its launch, busy time shared equally.
     inner = cn.tightest(pairs, rng, query_id="launch_id", range_id="rix", depth="depth")
-    owned = _owned(op_launch, inner.collect(), trace.cuda_api.height)
+    owned = _owned(trace, op_launch, inner.collect(), trace.cuda_api.height)
     del inner
     owned_union = iv.total(owned, by=["device_id"]).collect()
     shares = (
@@ -350,7 +354,7 @@ def run(trace: Trace, params: AttributionParams, results: Results) -> PassResult
     del excl
 
     # Inclusive membership: (range, op) for every enclosing range.
-    inc, has_ops = _members(pairs, op_launch)
+    inc, has_ops = _members(trace, pairs, op_launch)
     del op_launch
     # Per range and per layer: arrays indexed by rix / lid (see `attribution_sums`).
     rix = inc["rix"].to_numpy()
