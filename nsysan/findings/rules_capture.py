@@ -136,31 +136,29 @@ def truncated(ctx: Context) -> list[Finding]:
     p = ctx.params
     ctx.need_frame("gpu_ops")  # NotEvaluated when not captured
     api = ctx.need_frame("cuda_api")
-    # cheap tests first: the name regex then runs on launch calls only
     is_launch = (pl.col("api_class") == "launch") & (pl.col("return_value").fill_null(0) == 0)
     rows = op_link.api_rows(ctx.trace)
     # Every op's call is known (`op_link`): a launch is found when some op points at it, an
-    # array lookup instead of an anti-join of the two largest frames.
-    # (eager, in this order: measured faster than the lazy plan, which tests the name of
-    # every call)
-    launches = (api.select("name", "start_ns", "end_ns")
-                .with_columns(op_link.launched(ctx.trace, rows))
-                .filter(api.select(is_launch).to_series())
-                .filter(~per_value(api, "name", _GRAPH_NAME)))
-    if launches.is_empty():
+    # array lookup instead of an anti-join of the two largest frames. The launch calls are
+    # one mask over the calls (the name test once per distinct name): only the columns of
+    # the lost ones are copied, and only the start of the found ones is read.
+    launched = op_link.launched(ctx.trace, rows)
+    launch = api.select(is_launch & ~per_value(api, "name", _GRAPH_NAME)).to_series()
+    n_launches = int(launch.sum())
+    if not n_launches:
         raise NotEvaluated("no kernel launch calls in the trace")
-    lost = launches.filter(~pl.col("_launched"))
-    found = launches.select(pl.col("start_ns").filter(pl.col("_launched"))).to_series()
+    lost = api.select("name", "start_ns", "end_ns").filter(launch & ~launched)
     if lost.is_empty():
         return []
     # launches after the last launch that has its GPU record: work in flight at the stop
-    last_found = int(found.max()) if found.len() else -1  # type: ignore[arg-type]
+    found_max = api.select(pl.col("start_ns").filter(launch & launched).max()).item()
+    last_found = -1 if found_max is None else int(found_max)
     tail = lost.filter(pl.col("start_ns") > last_found)
     inner = lost.height - tail.height
-    inner_frac = inner / launches.height
+    inner_frac = inner / n_launches
     if inner_frac >= p.lost_warn_frac:
         sev = "warning"
-        msg = (f"{inner} of {launches.height} kernel launches ({fmt_frac(inner_frac)}) have no "
+        msg = (f"{inner} of {n_launches} kernel launches ({fmt_frac(inner_frac)}) have no "
                "GPU record although later GPU work was recorded: activity records were lost "
                "(CUPTI buffers dropped); GPU busy time is understated.")
     else:
@@ -172,7 +170,7 @@ def truncated(ctx: Context) -> list[Finding]:
     by = ranked(lost.group_by("name").agg(pl.len()), "len", p.top_n)
     offenders = [offender("api", nm, k, "count", count=k) for nm, k in by.iter_rows()]
     metrics = [
-        metric("n_launches", "kernel launch calls", launches.height, "count"),
+        metric("n_launches", "kernel launch calls", n_launches, "count"),
         metric("n_lost", "launches without a GPU record", lost.height, "count"),
         metric("n_lost_at_end", "of which at the end of the capture", tail.height, "count"),
         metric("lost_frac", "share of launches lost before the end", inner_frac, "frac"),
