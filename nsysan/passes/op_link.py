@@ -6,9 +6,10 @@ launches, launches without a GPU record) all tie GPU ops to their API calls on t
 each on big traces). `api_rows` gives every op its call's row once, and each consumer then
 gathers the columns it needs: one code path per consumer. The API keys are distinct in loaded
 traces (the ``duplicate_correlation`` rule keeps one call per key, docs/data-quality.md), so
-one sort and a binary search per op (`op_keys.unique_rows`) find the rows; only frames built in
-memory with a key held twice, or keys too wide to pack, take a join, which links each op to
-the first call holding its key.
+one sort and a binary search per op find the rows: of the correlation ids alone in a trace of
+one process (`_by_correlation`), else of packed keys (`op_keys.unique_rows`); only frames of
+several processes built in memory with a key held twice, or keys too wide to pack, take a
+join, which links each op to the first call holding its key.
 
 Shared as the product `API_ROWS` of the analysis (`nsysan.frames.context`): built once per
 analysis, for its (``gpu_ops``, ``cuda_api``) frame objects, freed when the analysis ends.
@@ -26,6 +27,9 @@ from nsysan.passes.op_keys import KEY, op_key, unique_rows
 
 def _link(trace: Trace) -> np.ndarray:
     ops, api = trace.frame("gpu_ops"), trace.frame("cuda_api")
+    row = _by_correlation(ops, api)
+    if row is not None:
+        return row
     key = op_key([ops, api])
     row = unique_rows(api.select(key)[KEY], ops.select(key)[KEY])
     if row is not None:
@@ -37,6 +41,39 @@ def _link(trace: Trace) -> np.ndarray:
     linked = (ops.select(key).with_row_index("_op")
               .join(calls, on=KEY, how="left").sort("_op"))
     return linked["_api"].cast(pl.Int64).fill_null(-1).to_numpy()
+
+
+def _by_correlation(ops: pl.DataFrame, api: pl.DataFrame) -> np.ndarray | None:
+    """`_link` of the common trace, one process per file: there the op key is the
+    correlation id alone, and the calls' ids are looked up as they are (4 bytes a call in
+    the frames) instead of packed Int64 keys of both frames (+685 MiB at 10M kernels
+    through the general lookup, against about half of it here). Calls come nearly in id
+    order, so the stable sort of their ids is cheap. None when the frames hold several
+    processes or a null id (the general path links those)."""
+    if not ops.height or not api.height:
+        return None
+    # (the process id as expressions: the column is usually a constant of the frame at
+    # rest, which a Series would spell out row by row)
+    pid = pl.col("global_pid")
+    bounds = [f.select(pid.min().alias("lo"), pid.max().alias("hi"), pid.null_count()).row(0)
+              for f in (ops, api)]
+    ids = [f.get_column("correlation_id") for f in (ops, api)]
+    if (any(nulls for _, _, nulls in bounds)
+            or len({v for lo, hi, _ in bounds for v in (lo, hi)}) != 1
+            or any(c.null_count() or not c.dtype.is_integer() for c in ids)):
+        return None
+    calls, queries = ids[1].to_numpy(), ids[0].to_numpy()
+    # (stable: of calls holding one id, the first in row order comes first, and the search
+    # from the left finds it, the call the general path's join links)
+    order = np.argsort(calls, kind="stable")
+    ordered = calls[order]
+    pos = np.searchsorted(ordered, queries)
+    np.minimum(pos, len(ordered) - 1, out=pos)
+    found = ordered[pos] == queries
+    del ordered
+    rows = order[pos]
+    rows[~found] = -1
+    return rows
 
 
 #: the API row of every GPU op (8 bytes per op)
