@@ -117,3 +117,5 @@ def test_the_correlation_path_declines_nulls_and_processes() -> None:
     assert op_link._by_correlation(ops, _frame([(7, 1), (None, 2)])) is None
     assert op_link._by_correlation(ops, _frame([(7, 1), (9, 2)])) is None
     assert op_link._by_correlation(_frame([(9, 1)]), _frame([(7, 1)])) is None
+    wide = _frame([(7, 1), (7, 2)]).with_columns(pl.col("correlation_id").cast(pl.UInt64))
+    assert op_link._by_correlation(ops, wide) is None  # ids of two types

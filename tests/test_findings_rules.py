@@ -256,27 +256,28 @@ def test_launches_lost_at_the_end_are_info() -> None:
 
 
 def test_lost_launches_count_only_successful_kernel_launches() -> None:
-    """A failed launch and a graph launch without GPU records are not lost launches; a lost
-    launch between found ones counts as lost before the end, one after the last found launch
-    (a later copy notwithstanding) as lost at the end, and the evidence window spans the
-    lost calls, start to end."""
+    """A failed launch and a graph launch without GPU records are not lost launches (a call
+    without a return value is taken as successful); a lost launch between found ones counts
+    as lost before the end, one after the last found launch (a later copy notwithstanding)
+    as lost at the end, and the evidence window spans the lost calls, start to end."""
     c = healthy()
     first, last = _steps()[0][0], _steps()[-1][1]
     c.api("cudaLaunchKernel", "launch", first + 10 * US, first + 12 * US, rv=98)  # failed
     c.api("cudaGraphLaunch", "launch", first + 20 * US, first + 21 * US)  # a graph: not here
     c.api("cudaLaunchKernel", "launch", first + 30 * US, first + 33 * US)  # lost
+    c.api("cudaLaunchKernel", "launch", first + 40 * US, first + 41 * US, rv=None)  # lost too
     c.api("cuLaunchKernel", "launch", last + MS, last + MS + 7 * US)  # lost at the end
     # (a copy recorded after it: only launches decide what was in flight at the stop)
     c.copy(last + 3 * MS, 10 * US, copy_kind="DtoH", api_start=last + 2 * MS)
     f = _by_code(diagnose(*c.build(_steps())), "CAPTURE_TRUNCATED")
     n_found = sum(op["kind"] == "kernel" for op in c.ops)
-    assert _metric(f, "n_launches") == n_found + 2
-    assert (_metric(f, "n_lost"), _metric(f, "n_lost_at_end")) == (2, 1)
-    assert _metric(f, "lost_frac") == pytest.approx(1 / (n_found + 2))
+    assert _metric(f, "n_launches") == n_found + 3
+    assert (_metric(f, "n_lost"), _metric(f, "n_lost_at_end")) == (3, 1)
+    assert _metric(f, "lost_frac") == pytest.approx(2 / (n_found + 3))
     (win,) = f.evidence["windows"]
     assert (win["start_ns"], win["end_ns"]) == (first + 30 * US, last + MS + 7 * US)
     assert {o["name"]: o["count"] for o in f.evidence["offenders"]} == {
-        "cudaLaunchKernel": 1, "cuLaunchKernel": 1}
+        "cudaLaunchKernel": 2, "cuLaunchKernel": 1}
 
 
 def test_missing_gpu_activity_is_critical_and_nothing_is_silently_zero() -> None:

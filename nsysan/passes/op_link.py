@@ -45,11 +45,11 @@ def _link(trace: Trace) -> np.ndarray:
 
 def _by_correlation(ops: pl.DataFrame, api: pl.DataFrame) -> np.ndarray | None:
     """`_link` of the common trace, one process per file: there the op key is the
-    correlation id alone, and the calls' ids are looked up as they are (4 bytes a call in
-    the frames) instead of packed Int64 keys of both frames (+685 MiB at 10M kernels
-    through the general lookup, against about half of it here). Calls come nearly in id
-    order, so the stable sort of their ids is cheap. None when the frames hold several
-    processes or a null id (the general path links those)."""
+    correlation id alone, and the calls' ids are sorted and searched as they are (4 bytes a
+    call in the frames, and the sort's order) instead of packed Int64 keys of both frames
+    (+643-685 MiB at 10M kernels through the general lookup, +443 MiB here). Calls come
+    nearly in id order, so the stable sort of their ids is cheap. None when the frames hold
+    several processes, a null id, or ids of two types (the general path takes those)."""
     if not ops.height or not api.height:
         return None
     # (the process id as expressions: the column is usually a constant of the frame at
@@ -60,7 +60,8 @@ def _by_correlation(ops: pl.DataFrame, api: pl.DataFrame) -> np.ndarray | None:
     ids = [f.get_column("correlation_id") for f in (ops, api)]
     if (any(nulls for _, _, nulls in bounds)
             or len({v for lo, hi, _ in bounds for v in (lo, hi)}) != 1
-            or any(c.null_count() or not c.dtype.is_integer() for c in ids)):
+            or any(c.null_count() or not c.dtype.is_integer() for c in ids)
+            or ids[0].dtype != ids[1].dtype):  # (numpy would compare a mix as floats)
         return None
     calls, queries = ids[1].to_numpy(), ids[0].to_numpy()
     # (stable: of calls holding one id, the first in row order comes first, and the search
