@@ -107,9 +107,22 @@ def unique_rows(table: pl.Series, queries: pl.Series) -> pl.Series | None:
         return None
     if not len(ordered):
         return pl.Series(np.full(len(q), -1, np.int64))
-    pos = np.searchsorted(ordered, q).clip(0, len(ordered) - 1)
-    hit = (ordered[pos] == q) & (q >= 0)
-    return pl.Series(np.where(hit, order[pos], -1).astype(np.int64))
+    rows = first_rows(order, ordered, q)
+    rows[q < 0] = -1  # null queries match nothing (nor the null keys, also -1)
+    return pl.Series(rows)
+
+
+def first_rows(order: np.ndarray, ordered: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For every query, the row ``order[i]`` of the first ``ordered[i]`` equal to it, -1 where
+    none is: ``ordered`` is a column sorted by ``order`` (`np.argsort`; stable, so that of
+    rows holding one value the first comes first), not empty. Int64."""
+    pos = np.searchsorted(ordered, queries)
+    np.minimum(pos, len(ordered) - 1, out=pos)
+    found = ordered[pos] == queries
+    del ordered  # (gone before the rows are gathered, when the caller passed a temporary)
+    rows = order[pos].astype(np.int64, copy=False)
+    rows[~found] = -1
+    return rows
 
 
 def _dense_rows(keys: np.ndarray, queries: np.ndarray, highest: int) -> pl.Series | None:

@@ -22,7 +22,7 @@ import polars as pl
 
 from nsysan.frames.context import Product, product
 from nsysan.frames.trace import Trace
-from nsysan.passes.op_keys import KEY, op_key, unique_rows
+from nsysan.passes.op_keys import KEY, first_rows, op_key, unique_rows
 
 
 def _link(trace: Trace) -> np.ndarray:
@@ -67,14 +67,7 @@ def _by_correlation(ops: pl.DataFrame, api: pl.DataFrame) -> np.ndarray | None:
     # (stable: of calls holding one id, the first in row order comes first, and the search
     # from the left finds it, the call the general path's join links)
     order = np.argsort(calls, kind="stable")
-    ordered = calls[order]
-    pos = np.searchsorted(ordered, queries)
-    np.minimum(pos, len(ordered) - 1, out=pos)
-    found = ordered[pos] == queries
-    del ordered
-    rows = order[pos]
-    rows[~found] = -1
-    return rows
+    return first_rows(order, calls[order], queries)
 
 
 #: the API row of every GPU op (8 bytes per op)
